@@ -1,0 +1,1 @@
+"""The durable task pipeline: core (journal, admission, sinks) and the intake service."""

@@ -1,0 +1,116 @@
+"""Bounded admission (DESIGN §5): the atomic check-and-push onto a line's Redis queue.
+
+We write exactly the message Celery's Redis transport writes (task protocol 2, JSON), with
+one Lua script that checks the queue's length and pushes in the same step, so the bound
+holds whatever the number of producers."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import socket
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import redis
+
+from app.errors import BrokerUnavailable
+
+# The one task every line's worker runs; its queue tells the line (DESIGN §8).
+TASK_NAME = "pipeline.process"
+
+# KEYS[1]: the queue. ARGV[1]: its bound. ARGV[2..]: messages, pushed in order while room
+# remains. Returns {pushed, depth after}.
+_PUSH_BOUNDED = """
+local depth = redis.call('LLEN', KEYS[1])
+local room = tonumber(ARGV[1]) - depth
+local pushed = 0
+for i = 2, #ARGV do
+    if pushed >= room then break end
+    redis.call('LPUSH', KEYS[1], ARGV[i])
+    pushed = pushed + 1
+end
+return {pushed, depth + pushed}
+"""
+
+
+@dataclass(frozen=True, kw_only=True)
+class PushResult:
+    """How many of the messages went onto the queue (the first `pushed`), and its depth."""
+
+    pushed: int
+    depth: int
+
+
+def build_message(record_id: str, *, queue: str, origin: str) -> bytes:
+    """The Celery task message for `record_id`, as kombu's Redis transport stores it."""
+    body = json.dumps(
+        [[record_id], {}, {"callbacks": None, "errbacks": None, "chain": None, "chord": None}]
+    )
+    message = {
+        "body": base64.b64encode(body.encode()).decode(),
+        "content-encoding": "utf-8",
+        "content-type": "application/json",
+        "headers": {
+            "lang": "py",
+            "task": TASK_NAME,
+            "id": record_id,
+            "shadow": None,
+            "eta": None,
+            "expires": None,
+            "group": None,
+            "group_index": None,
+            "retries": 0,
+            "timelimit": [None, None],
+            "root_id": record_id,
+            "parent_id": None,
+            "argsrepr": repr([record_id]),
+            "kwargsrepr": "{}",
+            "origin": origin,
+            "ignore_result": True,
+            "replaced_task_nesting": 0,
+            "stamped_headers": None,
+            "stamps": {},
+        },
+        "properties": {
+            "correlation_id": record_id,
+            "reply_to": "",
+            "delivery_mode": 2,
+            "delivery_info": {"exchange": "", "routing_key": queue},
+            "priority": 0,
+            "body_encoding": "base64",
+            "delivery_tag": str(uuid.uuid4()),
+        },
+    }
+    return json.dumps(message).encode()
+
+
+class Admission:
+    """Pushes records onto their line's queue, never past its bound."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self._client = client
+        self._script = client.register_script(_PUSH_BOUNDED)
+        self._origin = f"{os.getpid()}@{socket.gethostname()}"
+
+    def push(self, queue: str, record_ids: Sequence[str], *, max_length: int) -> PushResult:
+        """Push the messages of `record_ids` onto `queue` while it is under `max_length`.
+
+        Raises `BrokerUnavailable` when Redis cannot be reached."""
+        if not record_ids:
+            return PushResult(pushed=0, depth=0)
+        messages = [build_message(rid, queue=queue, origin=self._origin) for rid in record_ids]
+        try:
+            pushed, depth = self._script(keys=[queue], args=[max_length, *messages])
+        except redis.RedisError as exc:
+            raise BrokerUnavailable(f"push to {queue!r} failed: {exc}") from exc
+        return PushResult(pushed=int(pushed), depth=int(depth))
+
+    def depth(self, queue: str) -> int:
+        """Messages waiting in `queue`. Raises `BrokerUnavailable`."""
+        try:
+            return int(self._client.llen(queue))
+        except redis.RedisError as exc:
+            raise BrokerUnavailable(f"LLEN {queue!r} failed: {exc}") from exc

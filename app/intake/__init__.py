@@ -1,0 +1,1 @@
+"""The HTTP intake (DESIGN §7)."""

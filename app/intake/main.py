@@ -1,0 +1,35 @@
+"""`create_app(settings)`: the intake's ASGI app. Builds its clients, connects to nothing."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from app.intake import errors, routes
+from app.runtime import Runtime
+from app.settings import Settings
+
+# Threads answering requests at once share this many journal connections.
+DB_POOL_SIZE = 10
+
+
+def create_app(settings: Settings) -> FastAPI:
+    """The intake app for `settings`. Raises `ConfigError` for a bad line setting."""
+    rt = Runtime.build(settings, db_pool_size=DB_POOL_SIZE)
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        yield
+        rt.close()
+
+    app = FastAPI(
+        title="Durable pipeline intake",
+        version="0.1.0",
+        lifespan=lifespan,
+    )
+    app.state.runtime = rt
+    errors.install(app)
+    app.include_router(routes.router)
+    return app

@@ -1,0 +1,198 @@
+"""The intake's endpoints (DESIGN §7)."""
+
+from __future__ import annotations
+
+import hmac
+import random
+import time
+from datetime import datetime
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Query, Request
+from fastapi.responses import JSONResponse
+from sqlalchemy import text
+from sqlalchemy.exc import SQLAlchemyError
+from starlette.concurrency import run_in_threadpool
+
+from app.acceptance import accept
+from app.clock import utcnow
+from app.errors import (
+    AdminForbidden,
+    AdminRequired,
+    JournalUnavailable,
+    NonceReused,
+    RecordNotFound,
+)
+from app.ids import new_id
+from app.intake.body import body_digest, parse_payload, read_body
+from app.intake.signing import Caller, verify
+from app.journal import store
+from app.journal.models import RecordStatus, Source
+from app.journal.store import NewRecord, RecordFilter
+from app.runtime import Runtime
+
+router = APIRouter()
+_rng = random.Random()  # noqa: S311 - backoff jitter, not cryptography
+
+# What `POST /v1/{line}` takes, for the OpenAPI document (the body is read raw to sign it).
+RECORD_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {
+                "schema": {
+                    "type": "object",
+                    "required": ["business_no"],
+                    "properties": {"business_no": {"type": "string", "maxLength": 128}},
+                    "additionalProperties": True,
+                }
+            }
+        },
+    }
+}
+
+
+def runtime(request: Request) -> Runtime:
+    rt: Runtime = request.app.state.runtime
+    return rt
+
+
+RuntimeDep = Annotated[Runtime, Depends(runtime)]
+
+
+def require_admin(request: Request, rt: RuntimeDep) -> None:
+    """Admin endpoints take `Authorization: Bearer <token>`; open in dev mode without one."""
+    token = rt.settings.admin_token
+    if token is None and rt.settings.dev_mode:
+        return
+    header = request.headers.get("authorization", "")
+    scheme, _, given = header.partition(" ")
+    if scheme.lower() != "bearer" or not given:
+        raise AdminRequired("Authorization: Bearer <admin token> is required")
+    if token is None or not hmac.compare_digest(given.encode(), token.get_secret_value().encode()):
+        raise AdminForbidden("the admin token is not valid")
+
+
+def _caller(request: Request, rt: Runtime, body: bytes) -> Caller:
+    if rt.settings.dev_mode:
+        nonce = request.headers.get("x-nonce") or new_id(utcnow())
+        return Caller(key_id="dev", nonce=nonce[:128])
+    return verify(
+        request.headers,
+        body,
+        keys=rt.settings.intake_keys,
+        now_s=time.time(),
+        window_s=rt.settings.timestamp_window_seconds,
+    )
+
+
+@router.get("/healthz")
+def healthz() -> dict[str, str]:
+    """200 while the process serves; touches no dependency."""
+    return {"status": "ok"}
+
+
+@router.get("/readyz")
+def readyz(rt: RuntimeDep) -> JSONResponse:
+    """200 when Redis and the journal answer, else 503 naming what failed."""
+    failed: list[str] = []
+    try:
+        rt.redis.ping()
+    except Exception:  # noqa: BLE001 - any failure means not ready
+        failed.append("redis")
+    try:
+        with rt.engine.connect() as conn:
+            conn.execute(text("SELECT 1"))
+    except SQLAlchemyError:
+        failed.append("journal")
+    if failed:
+        return JSONResponse(
+            {
+                "error": {"code": "not_ready", "message": f"unavailable: {', '.join(failed)}"},
+                "failed": failed,
+            },
+            status_code=503,
+        )
+    return JSONResponse({"status": "ready"})
+
+
+@router.get("/v1/records/{record_id}", dependencies=[Depends(require_admin)])
+def get_record(record_id: str, rt: RuntimeDep) -> dict[str, Any]:
+    try:
+        with rt.engine.connect() as conn:
+            record = store.get_record(conn, record_id)
+    except SQLAlchemyError as exc:
+        raise JournalUnavailable() from exc
+    if record is None:
+        raise RecordNotFound(f"no record {record_id!r}")
+    return record.public()
+
+
+@router.get("/v1/records", dependencies=[Depends(require_admin)])
+def list_records(
+    rt: RuntimeDep,
+    line: str | None = None,
+    status: Annotated[list[RecordStatus] | None, Query()] = None,
+    source: Source | None = None,
+    business_no: Annotated[list[str] | None, Query(max_length=128)] = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    after: Annotated[str | None, Query(max_length=26)] = None,
+) -> dict[str, Any]:
+    """Records by id, filtered; `next` is the cursor for the following page."""
+    where = RecordFilter(
+        line=line,
+        statuses=status or (),
+        source=source,
+        business_nos=business_no or (),
+        since=since,
+        until=until,
+    )
+    try:
+        with rt.engine.connect() as conn:
+            items = store.list_records(conn, where, limit=limit + 1, after=after)
+    except SQLAlchemyError as exc:
+        raise JournalUnavailable() from exc
+    page = items[:limit]
+    return {
+        "items": [record.public() for record in page],
+        "next": page[-1].id if len(items) > limit else None,
+    }
+
+
+@router.post("/v1/{line}", status_code=202, openapi_extra=RECORD_BODY)
+async def post_record(line: str, request: Request, rt: RuntimeDep) -> JSONResponse:
+    """Journal a record for `line`, then push it onto the line's queue."""
+    body = await read_body(request, limit=rt.settings.max_body_bytes)
+    caller = _caller(request, rt, body)
+    spec = rt.lines.get(line)
+    payload = parse_payload(body, spec.schema)
+    now = utcnow()
+    new = NewRecord(
+        id=new_id(now),
+        line=spec.name,
+        business_no=payload["business_no"],
+        source=Source.INTAKE,
+        dedup_key=caller.dedup_key,
+        body_sha256=body_digest(body),
+        payload=payload,
+    )
+    result = await run_in_threadpool(accept, rt, new, clock=utcnow, rng=_rng)
+    record = result.record
+    if not result.created and record.body_sha256 != new.body_sha256:
+        raise NonceReused("this nonce was already used with a different body")
+    answer = {
+        "id": record.id,
+        "line": record.line,
+        "business_no": record.business_no,
+        "status": result.status.value,
+    }
+    if result.status is RecordStatus.REJECTED:
+        return JSONResponse(
+            {"error": {"code": "queue_full", "message": f"line {line!r} is full"}, **answer},
+            status_code=429,
+            headers={"Retry-After": "5"},
+        )
+    done = result.status is RecordStatus.DONE
+    return JSONResponse(answer, status_code=200 if (done or not result.created) else 202)

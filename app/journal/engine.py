@@ -1,0 +1,60 @@
+"""`make_engine(url)`: the journal's engine, SQLite in WAL mode or PostgreSQL (psycopg 3)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import make_url
+
+# How long a SQLite writer waits for the lock before the journal counts as unavailable.
+SQLITE_BUSY_TIMEOUT_S = 30
+# A PostgreSQL that does not answer within this is unavailable: fail fast, answer 503.
+PG_CONNECT_TIMEOUT_S = 5
+
+
+def make_engine(url: str, *, pool_size: int = 5) -> Engine:
+    """Build the engine for `url`. Touches no database until first used.
+
+    Pooled connections are pinged before use, so one that a proxy dropped while idle
+    is replaced instead of failing the request (DESIGN §1, incident 4)."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        return _sqlite_engine(url)
+    connect_args: dict[str, Any] = {}
+    if parsed.get_backend_name() == "postgresql":
+        connect_args["connect_timeout"] = PG_CONNECT_TIMEOUT_S
+    return create_engine(
+        url,
+        pool_pre_ping=True,
+        pool_size=pool_size,
+        max_overflow=pool_size,
+        pool_timeout=10,
+        pool_recycle=1800,
+        connect_args=connect_args,
+    )
+
+
+def _sqlite_engine(url: str) -> Engine:
+    engine = create_engine(
+        url,
+        connect_args={"timeout": SQLITE_BUSY_TIMEOUT_S, "check_same_thread": False},
+    )
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        # Let SQLAlchemy's "begin" event issue BEGIN itself (pysqlite's own is deferred).
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_S * 1000}")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(connection: Any) -> None:
+        # Take the write lock up front: a deferred transaction that reads, then writes,
+        # can fail at once with SQLITE_BUSY instead of waiting for the lock.
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+    return engine

@@ -1,0 +1,188 @@
+"""Journal tables, statuses and the `Record` value that crosses module boundaries."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    Column,
+    DateTime,
+    Dialect,
+    Index,
+    Integer,
+    MetaData,
+    PrimaryKeyConstraint,
+    String,
+    Table,
+    Text,
+    TypeDecorator,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+
+
+class RecordStatus(StrEnum):
+    """A record's place in its life (DESIGN §4)."""
+
+    RECEIVED = "received"
+    ENQUEUED = "enqueued"
+    DEFERRED = "deferred"
+    FAILED = "failed"
+    DONE = "done"
+    DEAD = "dead"
+    REJECTED = "rejected"
+
+
+UNFINISHED = (
+    RecordStatus.RECEIVED,
+    RecordStatus.ENQUEUED,
+    RecordStatus.DEFERRED,
+    RecordStatus.FAILED,
+)
+
+
+class Source(StrEnum):
+    """Where a record came from."""
+
+    INTAKE = "intake"
+    SCHEDULE = "schedule"
+    REPLAY = "replay"
+
+
+class UtcDateTime(TypeDecorator[datetime]):
+    """A timestamp stored in UTC and always read back timezone-aware.
+
+    SQLite keeps no zone, so values are normalised to UTC before they are written."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        value = value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+Json = JSON().with_variant(JSONB(), "postgresql")
+
+metadata = MetaData(
+    naming_convention={
+        "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+        "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+        "pk": "pk_%(table_name)s",
+    }
+)
+
+records = Table(
+    "records",
+    metadata,
+    Column("id", String(26), primary_key=True),
+    Column("line", String(32), nullable=False),
+    Column("business_no", String(128), nullable=False),
+    Column("source", String(16), nullable=False),
+    Column("dedup_key", String(320), nullable=False, unique=True),
+    Column("body_sha256", String(64), nullable=False),
+    Column("payload", Json, nullable=False),
+    Column("status", String(16), nullable=False),
+    Column("attempts", Integer, nullable=False, default=0),
+    Column("next_attempt_at", UtcDateTime, nullable=True),
+    Column("last_error", Text, nullable=True),
+    Column("created_at", UtcDateTime, nullable=False),
+    Column("updated_at", UtcDateTime, nullable=False),
+    Column("finished_at", UtcDateTime, nullable=True),
+    Column("task_id", String(64), nullable=True),
+    Index(None, "status", "next_attempt_at"),
+    Index(None, "line", "status"),
+    Index(None, "business_no"),
+    Index(None, "created_at"),
+)
+
+
+def _keyed_sink(name: str) -> Table:
+    return Table(
+        name,
+        metadata,
+        Column("business_no", String(128), primary_key=True),
+        Column("record_id", String(26), nullable=False),
+        Column("payload", Json, nullable=False),
+        Column("updated_at", UtcDateTime, nullable=False),
+    )
+
+
+# The built-in table sink (DESIGN §6): one row per business_no, upserted.
+orders = _keyed_sink("orders")
+refunds = _keyed_sink("refunds")
+order_status = Table(
+    "order_status",
+    metadata,
+    Column("business_no", String(128), primary_key=True),
+    Column("status", String(64), nullable=False),
+    Column("occurred_at", UtcDateTime, nullable=False),
+    Column("record_id", String(26), nullable=False),
+    Column("updated_at", UtcDateTime, nullable=False),
+)
+# Lines added by configuration without a handler or a downstream land here.
+sink_rows = Table(
+    "sink_rows",
+    metadata,
+    Column("line", String(32), nullable=False),
+    Column("business_no", String(128), nullable=False),
+    Column("record_id", String(26), nullable=False),
+    Column("payload", Json, nullable=False),
+    Column("updated_at", UtcDateTime, nullable=False),
+    PrimaryKeyConstraint("line", "business_no"),
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Record:
+    """One journal row, as handlers, sinks and the HTTP layer see it."""
+
+    id: str
+    line: str
+    business_no: str
+    source: Source
+    dedup_key: str
+    body_sha256: str
+    payload: dict[str, Any]
+    status: RecordStatus
+    attempts: int
+    next_attempt_at: datetime | None
+    last_error: str | None
+    created_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None
+    task_id: str | None
+
+    @classmethod
+    def from_row(cls, row: Any) -> Record:
+        data = dict(row._mapping)
+        data["source"] = Source(data["source"])
+        data["status"] = RecordStatus(data["status"])
+        return cls(**data)
+
+    def public(self) -> dict[str, Any]:
+        """The record as the HTTP API shows it (DESIGN §7)."""
+        return {
+            "id": self.id,
+            "line": self.line,
+            "business_no": self.business_no,
+            "source": self.source.value,
+            "dedup_key": self.dedup_key,
+            "status": self.status.value,
+            "attempts": self.attempts,
+            "payload": self.payload,
+            "last_error": self.last_error,
+            "created_at": self.created_at.isoformat(),
+            "updated_at": self.updated_at.isoformat(),
+            "finished_at": self.finished_at.isoformat() if self.finished_at else None,
+        }

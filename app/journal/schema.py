@@ -1,0 +1,18 @@
+"""Schema migrations (Alembic), run by `pipeline db upgrade` and `pipeline up`."""
+
+from __future__ import annotations
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import Engine
+
+SCRIPT_LOCATION = "app.journal:migrations"
+
+
+def upgrade(engine: Engine, revision: str = "head") -> None:
+    """Bring the journal's schema to `revision` (the newest by default)."""
+    config = Config()
+    config.set_main_option("script_location", SCRIPT_LOCATION)
+    with engine.begin() as conn:
+        config.attributes["connection"] = conn
+        command.upgrade(config, revision)

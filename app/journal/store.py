@@ -1,0 +1,228 @@
+"""All SQL on the journal. Every function takes a connection and never commits: the caller
+owns the transaction. Transitions are guarded in SQL (`UPDATE … WHERE status IN (…)`) so a
+late or duplicate delivery cannot move a finished record (DESIGN §4)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Connection, func, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+
+from app.journal.models import UNFINISHED, Record, RecordStatus, Source, records
+
+# A delivered record is done whatever happened to it meanwhile, unless it is already final.
+DONE_FROM = (*UNFINISHED,)
+# A worker only runs records that are on the queue (or on their way onto it).
+RUNNABLE = (RecordStatus.RECEIVED, RecordStatus.ENQUEUED)
+
+
+@dataclass(frozen=True, kw_only=True)
+class NewRecord:
+    """What the intake (or a schedule) knows about a record before it is written."""
+
+    id: str
+    line: str
+    business_no: str
+    source: Source
+    dedup_key: str
+    body_sha256: str
+    payload: dict[str, Any]
+
+
+@dataclass(frozen=True, kw_only=True)
+class RecordFilter:
+    """Filters of `GET /v1/records` (and, later, replay)."""
+
+    line: str | None = None
+    statuses: Sequence[RecordStatus] = ()
+    source: Source | None = None
+    business_nos: Sequence[str] = ()
+    since: datetime | None = None
+    until: datetime | None = None
+
+
+def _upsert_dialect(conn: Connection) -> Any:
+    return postgresql if conn.dialect.name == "postgresql" else sqlite
+
+
+def insert_record(conn: Connection, new: NewRecord, *, now: datetime) -> tuple[Record, bool]:
+    """Write `new` as `received` unless its dedup key exists.
+
+    Returns the stored record and whether it was created by this call."""
+    statement = (
+        _upsert_dialect(conn)
+        .insert(records)
+        .values(
+            id=new.id,
+            line=new.line,
+            business_no=new.business_no,
+            source=new.source.value,
+            dedup_key=new.dedup_key,
+            body_sha256=new.body_sha256,
+            payload=new.payload,
+            status=RecordStatus.RECEIVED.value,
+            attempts=0,
+            created_at=now,
+            updated_at=now,
+            task_id=new.id,
+        )
+        .on_conflict_do_nothing(index_elements=["dedup_key"])
+    )
+    created = conn.execute(statement).rowcount == 1
+    stored = get_by_dedup_key(conn, new.dedup_key)
+    if stored is None:  # pragma: no cover - the row was just written or already there
+        raise LookupError(new.dedup_key)
+    return stored, created
+
+
+def get_record(conn: Connection, record_id: str) -> Record | None:
+    row = conn.execute(select(records).where(records.c.id == record_id)).first()
+    return Record.from_row(row) if row else None
+
+
+def get_by_dedup_key(conn: Connection, dedup_key: str) -> Record | None:
+    row = conn.execute(select(records).where(records.c.dedup_key == dedup_key)).first()
+    return Record.from_row(row) if row else None
+
+
+def list_records(
+    conn: Connection, where: RecordFilter, *, limit: int, after: str | None = None
+) -> list[Record]:
+    """Records matching `where`, by id, after the cursor `after` (keyset pagination)."""
+    query = select(records).order_by(records.c.id).limit(limit)
+    if after:
+        query = query.where(records.c.id > after)
+    if where.line:
+        query = query.where(records.c.line == where.line)
+    if where.statuses:
+        query = query.where(records.c.status.in_([s.value for s in where.statuses]))
+    if where.source:
+        query = query.where(records.c.source == where.source.value)
+    if where.business_nos:
+        query = query.where(records.c.business_no.in_(list(where.business_nos)))
+    if where.since:
+        query = query.where(records.c.created_at >= where.since)
+    if where.until:
+        query = query.where(records.c.created_at < where.until)
+    return [Record.from_row(row) for row in conn.execute(query)]
+
+
+def set_status(
+    conn: Connection,
+    record_ids: Iterable[str],
+    to: RecordStatus,
+    *,
+    only_from: Sequence[RecordStatus],
+    now: datetime,
+) -> int:
+    """Move the records that are in one of `only_from` to `to`. Returns how many moved."""
+    ids = list(record_ids)
+    if not ids:
+        return 0
+    result = conn.execute(
+        update(records)
+        .where(records.c.id.in_(ids), records.c.status.in_([s.value for s in only_from]))
+        .values(status=to.value, updated_at=now)
+    )
+    return result.rowcount
+
+
+def claim_attempt(conn: Connection, record_id: str, *, now: datetime) -> Record | None:
+    """Count one more attempt on a runnable record and return it; None if it is not runnable
+    (already done, dead, rejected, or waiting for its retry)."""
+    result = conn.execute(
+        update(records)
+        .where(records.c.id == record_id, records.c.status.in_([s.value for s in RUNNABLE]))
+        .values(attempts=records.c.attempts + 1, updated_at=now)
+    )
+    if result.rowcount != 1:
+        return None
+    return get_record(conn, record_id)
+
+
+def mark_done(conn: Connection, record_id: str, *, now: datetime) -> bool:
+    """`… → done`. False when the record was already final."""
+    result = conn.execute(
+        update(records)
+        .where(records.c.id == record_id, records.c.status.in_([s.value for s in DONE_FROM]))
+        .values(
+            status=RecordStatus.DONE.value,
+            finished_at=now,
+            updated_at=now,
+            next_attempt_at=None,
+            last_error=None,
+        )
+    )
+    return result.rowcount == 1
+
+
+def mark_failed(
+    conn: Connection,
+    record_id: str,
+    *,
+    error: str,
+    retry_at: datetime | None,
+    now: datetime,
+) -> bool:
+    """An attempt failed: `failed` with its retry time, or `dead` when `retry_at` is None."""
+    status = RecordStatus.FAILED if retry_at else RecordStatus.DEAD
+    result = conn.execute(
+        update(records)
+        .where(records.c.id == record_id, records.c.status.in_([s.value for s in RUNNABLE]))
+        .values(
+            status=status.value,
+            next_attempt_at=retry_at,
+            last_error=error[:2000],
+            updated_at=now,
+            finished_at=None if retry_at else now,
+        )
+    )
+    return result.rowcount == 1
+
+
+def due_for_enqueue(
+    conn: Connection, *, now: datetime, received_before: datetime, limit: int
+) -> list[Record]:
+    """Records the sweeper should put on their queue, oldest first: `received` ones older
+    than the grace period, `deferred` ones, and `failed` ones whose retry is due."""
+    query = (
+        select(records)
+        .where(
+            (
+                (records.c.status == RecordStatus.RECEIVED.value)
+                & (records.c.created_at < received_before)
+            )
+            | (records.c.status == RecordStatus.DEFERRED.value)
+            | ((records.c.status == RecordStatus.FAILED.value) & (records.c.next_attempt_at <= now))
+        )
+        .order_by(records.c.id)
+        .limit(limit)
+    )
+    return [Record.from_row(row) for row in conn.execute(query)]
+
+
+def counts_by_status(conn: Connection, *, line: str | None = None) -> dict[str, dict[str, int]]:
+    """`{line: {status: n}}` over the whole journal (or one line)."""
+    query = select(records.c.line, records.c.status, func.count()).group_by(
+        records.c.line, records.c.status
+    )
+    if line:
+        query = query.where(records.c.line == line)
+    counts: dict[str, dict[str, int]] = {}
+    for row_line, status, count in conn.execute(query):
+        counts.setdefault(row_line, {})[status] = count
+    return counts
+
+
+def oldest_unfinished(conn: Connection, *, line: str) -> datetime | None:
+    """Creation time of the oldest unfinished record of `line`."""
+    return conn.execute(
+        select(func.min(records.c.created_at)).where(
+            records.c.line == line,
+            records.c.status.in_([s.value for s in UNFINISHED]),
+        )
+    ).scalar()

@@ -1,0 +1,33 @@
+"""structlog set-up: JSON lines in production, key=value on a terminal (STYLE: Logs)."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import structlog
+
+
+def configure_logging(*, json: bool, level: str = "INFO") -> None:
+    """Route structlog (and the standard library's logging) to stderr."""
+    renderer: structlog.types.Processor = (
+        structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer(colors=False)
+    )
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level)),
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        cache_logger_on_first_use=False,
+    )
+    logging.basicConfig(level=level, stream=sys.stderr, format="%(levelname)s %(name)s %(message)s")
+
+
+def get_logger(name: str) -> structlog.stdlib.BoundLogger:
+    """A logger bound to its module's name."""
+    logger: structlog.stdlib.BoundLogger = structlog.get_logger(name)
+    return logger

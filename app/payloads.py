@@ -1,0 +1,25 @@
+"""Payload schemas of the built-in lines (DESIGN §3). A line names its schema by dotted path."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from pydantic import BaseModel, ConfigDict, Field
+
+# A business number is an identifier, not free text: no control characters (DESIGN §3: 1 to 128).
+BUSINESS_NO_PATTERN = r"^[^\x00-\x1f\x7f]{1,128}$"
+
+
+class Payload(BaseModel):
+    """Any JSON object with a `business_no`."""
+
+    model_config = ConfigDict(extra="allow")
+
+    business_no: str = Field(min_length=1, max_length=128, pattern=BUSINESS_NO_PATTERN)
+
+
+class StatusPayload(Payload):
+    """An order-status change: the newest `occurred_at` wins."""
+
+    status: str = Field(min_length=1, max_length=64)
+    occurred_at: datetime  # naive times are taken as UTC

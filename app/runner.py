@@ -1,0 +1,105 @@
+"""Running one record: claim an attempt, call the line's handler or sink, record the outcome.
+
+Used by the worker task, and by the intake under `caller_runs`."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from datetime import datetime
+
+from sqlalchemy.exc import SQLAlchemyError
+
+from app.backoff import decide
+from app.errors import JournalUnavailable
+from app.journal import store
+from app.journal.models import Record, RecordStatus
+from app.logs import get_logger
+from app.runtime import Runtime
+from app.sinks import deliver_http, write_table_sink
+
+log = get_logger(__name__)
+
+
+def _deliver(rt: Runtime, record: Record, clock: Callable[[], datetime]) -> None:
+    """Hand `record` to its line's handler or sink, then mark it done."""
+    line = rt.lines.get(record.line)
+    if line.handler is not None:
+        line.handler(record)
+    elif line.settings.downstream_url:
+        deliver_http(rt.http, line.settings.downstream_url, record)
+    else:
+        # The table sink writes in the transaction that marks the record done: exactly once.
+        with rt.engine.begin() as conn:
+            write_table_sink(conn, record, now=clock())
+            store.mark_done(conn, record.id, now=clock())
+        return
+    with rt.engine.begin() as conn:
+        store.mark_done(conn, record.id, now=clock())
+
+
+def run_record(
+    rt: Runtime,
+    record_id: str,
+    *,
+    clock: Callable[[], datetime],
+    rng: random.Random,
+) -> RecordStatus | None:
+    """Run one attempt of `record_id`. Returns its new status, or None when there was
+    nothing to run (unknown, already final, or waiting for its retry).
+
+    Raises `JournalUnavailable` when the journal cannot be read or written; the record is
+    then left as it was and the sweeper picks it up again."""
+    try:
+        with rt.engine.begin() as conn:
+            record = store.claim_attempt(conn, record_id, now=clock())
+    except SQLAlchemyError as exc:
+        raise JournalUnavailable(f"claim of {record_id} failed: {exc}") from exc
+    if record is None:
+        log.info("record_skipped", record_id=record_id)
+        return None
+    try:
+        _deliver(rt, record, clock)
+    except SQLAlchemyError as exc:
+        raise JournalUnavailable(f"finishing {record_id} failed: {exc}") from exc
+    except Exception as exc:  # noqa: BLE001 - a handler is user code: any failure is an attempt
+        return _record_failure(rt, record, exc, clock=clock, rng=rng)
+    log.info("record_done", record_id=record.id, line=record.line, attempts=record.attempts)
+    return RecordStatus.DONE
+
+
+def _record_failure(
+    rt: Runtime,
+    record: Record,
+    exc: Exception,
+    *,
+    clock: Callable[[], datetime],
+    rng: random.Random,
+) -> RecordStatus:
+    line = rt.lines.get(record.line)
+    now = clock()
+    decision = decide(record.attempts, policy=line.settings, now=now, rng=rng)
+    error = f"{type(exc).__name__}: {exc}"
+    try:
+        with rt.engine.begin() as conn:
+            store.mark_failed(conn, record.id, error=error, retry_at=decision.retry_at, now=now)
+    except SQLAlchemyError as db_exc:
+        raise JournalUnavailable(f"recording failure of {record.id} failed") from db_exc
+    if decision.dead:
+        log.error(
+            "task_dead",
+            record_id=record.id,
+            line=record.line,
+            attempts=record.attempts,
+            error=error,
+        )
+        return RecordStatus.DEAD
+    log.warning(
+        "attempt_failed",
+        record_id=record.id,
+        line=record.line,
+        attempts=record.attempts,
+        retry_at=decision.retry_at.isoformat() if decision.retry_at else None,
+        error=error,
+    )
+    return RecordStatus.FAILED

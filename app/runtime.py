@@ -1,0 +1,47 @@
+"""`Runtime`: what a process of the pipeline holds, built once at its entry point."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import httpx
+import redis
+from sqlalchemy import Engine
+
+from app.admission import Admission
+from app.journal.engine import make_engine
+from app.lines import LineRegistry
+from app.redis_client import make_redis
+from app.settings import Settings
+from app.sinks import make_http_client
+
+
+@dataclass(frozen=True, kw_only=True)
+class Runtime:
+    """Settings, lines and the clients built from them. Nothing here connects at build time."""
+
+    settings: Settings
+    lines: LineRegistry
+    engine: Engine
+    redis: redis.Redis
+    admission: Admission
+    http: httpx.Client
+
+    @classmethod
+    def build(cls, settings: Settings, *, db_pool_size: int = 5) -> Runtime:
+        """Resolve the lines (raises `ConfigError`) and build the clients."""
+        lines = LineRegistry.from_settings(settings)
+        client = make_redis(settings.redis_url)
+        return cls(
+            settings=settings,
+            lines=lines,
+            engine=make_engine(settings.database_url, pool_size=db_pool_size),
+            redis=client,
+            admission=Admission(client),
+            http=make_http_client(),
+        )
+
+    def close(self) -> None:
+        self.http.close()
+        self.redis.close()
+        self.engine.dispose()

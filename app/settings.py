@@ -1,0 +1,151 @@
+"""Configuration: environment variables prefixed `PIPELINE_` (nested with `__`), optionally
+a TOML file named by `PIPELINE_CONFIG`. `load_settings()` is the only way in; it turns
+any invalid value into one `ConfigError` line that names the variable."""
+
+from __future__ import annotations
+
+import os
+import re
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+from pydantic_settings.exceptions import SettingsError
+
+from app.errors import ConfigError
+
+ENV_PREFIX = "PIPELINE_"
+LINE_NAME = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
+# The size limit of DESIGN §7: 1 MiB.
+DEFAULT_MAX_BODY_BYTES = 1024 * 1024
+
+
+class Overflow(StrEnum):
+    """What admission does when a line's queue is full (DESIGN §5)."""
+
+    DEFER = "defer"
+    CALLER_RUNS = "caller_runs"
+    REJECT = "reject"
+
+
+class LineSettings(BaseModel):
+    """One business line's settings (DESIGN §3)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_queue_length: int = Field(default=10_000, ge=1)
+    overflow: Overflow = Overflow.DEFER
+    concurrency: int = Field(default=4, ge=1, le=256)
+    max_attempts: int = Field(default=8, ge=1)
+    backoff_initial_s: float = Field(default=2.0, gt=0)
+    backoff_max_s: float = Field(default=600.0, gt=0)
+    downstream_url: str | None = Field(default=None, pattern=r"^https?://\S+$")
+    handler: str | None = None
+    payload_schema: str = "app.payloads:Payload"
+
+
+DEFAULT_LINES: dict[str, dict[str, Any]] = {
+    "order": {},
+    "refund": {},
+    "status": {"payload_schema": "app.payloads:StatusPayload"},
+}
+
+
+class Settings(BaseSettings):
+    """Everything the pipeline's processes read at start (DESIGN §8)."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        env_nested_delimiter="__",
+        extra="ignore",
+        frozen=True,
+    )
+
+    redis_url: str = Field(default="redis://127.0.0.1:6379/0", pattern=r"^rediss?://")
+    database_url: str = "sqlite:///./pipeline.db"
+    intake_host: str = "127.0.0.1"
+    intake_port: int = Field(default=8000, ge=0, le=65535)
+    intake_workers: int = Field(default=1, ge=1, le=64)
+    intake_keys: dict[str, SecretStr] = Field(default_factory=dict)
+    admin_token: SecretStr | None = None
+    max_body_bytes: int = Field(default=DEFAULT_MAX_BODY_BYTES, ge=1024)
+    timestamp_window_seconds: int = Field(default=300, ge=1)
+    alert_window_seconds: int = Field(default=60, ge=1)
+    visibility_timeout_seconds: int = Field(default=120, ge=1)
+    stuck_after_seconds: int = Field(default=600, ge=1)
+    beat_lock_ttl_seconds: int = Field(default=10, ge=1)
+    sweep_interval_seconds: float = Field(default=2.0, gt=0)
+    # A received record younger than this may still be on its way onto the queue.
+    received_grace_seconds: float = Field(default=5.0, ge=0)
+    sweep_batch_size: int = Field(default=500, ge=1)
+    log_json: bool = False
+    log_level: str = Field(default="INFO", pattern=r"^(DEBUG|INFO|WARNING|ERROR)$")
+    lines: dict[str, LineSettings] = Field(default_factory=dict)
+
+    @field_validator("lines", mode="before")
+    @classmethod
+    def _merge_default_lines(cls, value: Any) -> dict[str, Any]:
+        given = dict(value or {})
+        merged: dict[str, Any] = {}
+        for name in [*DEFAULT_LINES, *[n for n in given if n not in DEFAULT_LINES]]:
+            if not LINE_NAME.match(name):
+                raise ValueError(f"line name {name!r} must match {LINE_NAME.pattern}")
+            override = given.get(name, {})
+            if isinstance(override, LineSettings):
+                override = override.model_dump()
+            if not isinstance(override, dict):
+                raise TypeError(f"line {name!r} must be a table of settings")
+            merged[name] = {**DEFAULT_LINES.get(name, {}), **override}
+        return merged
+
+    @property
+    def dev_mode(self) -> bool:
+        """No intake keys: unsigned requests, loopback only (DESIGN §7)."""
+        return not self.intake_keys
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        config_file = os.environ.get(f"{ENV_PREFIX}CONFIG")
+        if config_file:
+            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=Path(config_file)))
+        return tuple(sources)
+
+
+def _variable_name(location: tuple[int | str, ...]) -> str:
+    return ENV_PREFIX + "__".join(str(part).upper() for part in location)
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Read the settings from the environment (and `PIPELINE_CONFIG`).
+
+    Raises `ConfigError` with one line naming the first bad variable."""
+    config_file = os.environ.get(f"{ENV_PREFIX}CONFIG")
+    if config_file and not Path(config_file).is_file():
+        raise ConfigError(f"{ENV_PREFIX}CONFIG: no such file: {config_file}")
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        name = _variable_name(first["loc"]) if first["loc"] else "settings"
+        raise ConfigError(f"{name}: {first['msg']}") from None
+    except SettingsError as exc:
+        match = re.search(r'field "(\w+)"', str(exc))
+        name = _variable_name((match.group(1),)) if match else "settings"
+        raise ConfigError(f"{name}: could not be parsed ({exc.__cause__ or exc})") from None
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{ENV_PREFIX}CONFIG: {exc}") from None

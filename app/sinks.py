@@ -1,0 +1,99 @@
+"""The built-in sinks (DESIGN §6). Both are idempotent.
+
+- Table sink: upserts by (line, business_no) in the journal's database, in the same
+  transaction that marks the record done. `order_status` keeps the newest `occurred_at`.
+- HTTP sink: POSTs `{id, line, business_no, payload}` with `Idempotency-Key: <id>`;
+  2xx or 409 is delivered, anything else (or a timeout) is a failed attempt."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+from sqlalchemy import Connection, Table
+from sqlalchemy.dialects import postgresql, sqlite
+
+from app.errors import DeliveryFailed
+from app.journal.models import Record, order_status, orders, refunds, sink_rows
+
+KEYED_TABLES: dict[str, Table] = {"order": orders, "refund": refunds}
+# A downstream that has not answered within this is a failed attempt, retried later.
+HTTP_TIMEOUT_S = 10.0
+
+
+def _insert(conn: Connection, table: Table) -> Any:
+    dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
+    return dialect.insert(table)
+
+
+def _aware(value: datetime) -> datetime:
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def write_table_sink(conn: Connection, record: Record, *, now: datetime) -> None:
+    """Upsert `record` into its line's table. Never moves an order's status backwards."""
+    if record.line == "status":
+        occurred_at = _aware(datetime.fromisoformat(str(record.payload["occurred_at"])))
+        statement = _insert(conn, order_status).values(
+            business_no=record.business_no,
+            status=str(record.payload["status"]),
+            occurred_at=occurred_at,
+            record_id=record.id,
+            updated_at=now,
+        )
+        conn.execute(
+            statement.on_conflict_do_update(
+                index_elements=["business_no"],
+                set_={
+                    "status": statement.excluded.status,
+                    "occurred_at": statement.excluded.occurred_at,
+                    "record_id": statement.excluded.record_id,
+                    "updated_at": statement.excluded.updated_at,
+                },
+                where=order_status.c.occurred_at < statement.excluded.occurred_at,
+            )
+        )
+        return
+    table = KEYED_TABLES.get(record.line)
+    values: dict[str, Any] = {
+        "business_no": record.business_no,
+        "record_id": record.id,
+        "payload": record.payload,
+        "updated_at": now,
+    }
+    keys = ["business_no"]
+    if table is None:
+        table, values, keys = sink_rows, {**values, "line": record.line}, ["line", "business_no"]
+    statement = _insert(conn, table).values(**values)
+    conn.execute(
+        statement.on_conflict_do_update(
+            index_elements=keys,
+            set_={
+                "record_id": statement.excluded.record_id,
+                "payload": statement.excluded.payload,
+                "updated_at": statement.excluded.updated_at,
+            },
+        )
+    )
+
+
+def deliver_http(client: httpx.Client, url: str, record: Record) -> None:
+    """POST `record` to `url`. Raises `DeliveryFailed` unless the answer is 2xx or 409."""
+    body = {
+        "id": record.id,
+        "line": record.line,
+        "business_no": record.business_no,
+        "payload": record.payload,
+    }
+    try:
+        response = client.post(url, json=body, headers={"Idempotency-Key": record.id})
+    except httpx.HTTPError as exc:
+        raise DeliveryFailed(f"POST {url}: {type(exc).__name__}: {exc}") from exc
+    if not (response.is_success or response.status_code == 409):
+        raise DeliveryFailed(f"POST {url}: HTTP {response.status_code}")
+
+
+def make_http_client() -> httpx.Client:
+    """The HTTP sink's client: pooled, bounded timeouts, no redirects followed."""
+    return httpx.Client(timeout=HTTP_TIMEOUT_S, follow_redirects=False)

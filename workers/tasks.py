@@ -1,0 +1,36 @@
+"""The task every line's worker runs: one attempt of one journal record.
+
+Its message comes from `app.admission` (or Celery's own publisher); the record id is the
+task id. Retries are owned by the journal, not by countdown messages (DESIGN §6)."""
+
+from __future__ import annotations
+
+import os
+import random
+
+from celery import Task, shared_task
+
+from app.admission import TASK_NAME
+from app.clock import utcnow
+from app.runner import run_record
+from app.runtime import Runtime
+
+_runtime: tuple[int, Runtime] | None = None
+_rng = random.Random()  # noqa: S311 - backoff jitter, not cryptography
+
+
+def runtime_for(task: Task) -> Runtime:
+    """This process's runtime, built on first use after any fork (engines and sockets must
+    not cross a fork)."""
+    global _runtime  # noqa: PLW0603 - one runtime per worker process
+    if _runtime is None or _runtime[0] != os.getpid():
+        # A pool process runs one task at a time: a small pool is enough.
+        _runtime = (os.getpid(), Runtime.build(task.app.pipeline_settings, db_pool_size=2))
+    return _runtime[1]
+
+
+@shared_task(name=TASK_NAME, bind=True, acks_late=True, reject_on_worker_lost=True)  # type: ignore[untyped-decorator]
+def process(self: Task, record_id: str) -> str | None:
+    """Run one attempt of `record_id`; returns the record's new status, or None."""
+    status = run_record(runtime_for(self), record_id, clock=utcnow, rng=_rng)
+    return status.value if status else None
