@@ -71,8 +71,9 @@ def insert_record(conn: Connection, new: NewRecord, *, now: datetime) -> tuple[R
             task_id=new.id,
         )
         .on_conflict_do_nothing(index_elements=["dedup_key"])
+        .returning(records.c.id)
     )
-    created = conn.execute(statement).rowcount == 1
+    created = conn.execute(statement).first() is not None
     stored = get_by_dedup_key(conn, new.dedup_key)
     if stored is None:  # pragma: no cover - the row was just written or already there
         raise LookupError(new.dedup_key)

@@ -1,0 +1,127 @@
+"""Fixtures: a real Redis-compatible server, a clean journal database per test (SQLite by
+default, PostgreSQL when PIPELINE_TEST_DATABASE_URL names a server), and the harness."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+
+from app.embedded_redis import RedisServer
+from app.journal.engine import make_engine
+from app.journal.schema import upgrade
+from tests.support.harness import Harness
+from tests.support.processes import free_port
+
+# Set by .ci/run to a PostgreSQL server's maintenance database, e.g.
+# postgresql+psycopg://postgres@127.0.0.1:5432/postgres. Unset: SQLite.
+PG_ADMIN_URL = os.environ.get("PIPELINE_TEST_DATABASE_URL", "")
+
+
+def pytest_report_header() -> str:
+    backend = make_url(PG_ADMIN_URL).render_as_string() if PG_ADMIN_URL else "sqlite"
+    return f"journal database: {backend}"
+
+
+@pytest.fixture(autouse=True)
+def _clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No PIPELINE_ setting of the shell leaks into a test."""
+    for name in list(os.environ):
+        if name.startswith("PIPELINE_") and not name.startswith("PIPELINE_TEST_"):
+            monkeypatch.delenv(name)
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    server = RedisServer(port=free_port(), workdir=tmp_path_factory.mktemp("redis"))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def redis_url(redis_server: RedisServer) -> str:
+    """A Redis with nothing in it."""
+    client = redis_server.client()
+    try:
+        client.flushall()
+    finally:
+        client.close()
+    return redis_server.url
+
+
+@pytest.fixture(scope="session")
+def _template(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A migrated database that each test's database is copied from."""
+    if not PG_ADMIN_URL:
+        path = tmp_path_factory.mktemp("journal") / "template.db"
+        engine = make_engine(f"sqlite:///{path}")
+        upgrade(engine)
+        engine.dispose()  # the last connection to close checkpoints the WAL into the file
+        yield str(path)
+        return
+    name = f"pipeline_tpl_{os.getpid()}"
+    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}"'))
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    engine = make_engine(make_url(PG_ADMIN_URL).set(database=name).render_as_string(False))
+    upgrade(engine)
+    engine.dispose()
+    try:
+        yield name
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+@pytest.fixture
+def database_url(_template: str, tmp_path: Path) -> Iterator[str]:
+    """A freshly migrated, empty journal database for this test."""
+    if not PG_ADMIN_URL:
+        path = tmp_path / "journal.db"
+        shutil.copyfile(_template, path)
+        yield f"sqlite:///{path}"
+        return
+    name = f"pipeline_t_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}" TEMPLATE "{_template}"'))
+    try:
+        yield make_url(PG_ADMIN_URL).set(database=name).render_as_string(hide_password=False)
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+@pytest.fixture
+def harness(
+    database_url: str, redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Harness]:
+    env = {
+        name: value
+        for name, value in os.environ.items()
+        if not (name.startswith("PIPELINE_") and not name.startswith("PIPELINE_TEST_"))
+    }
+    env.update(
+        PIPELINE_DATABASE_URL=database_url,
+        PIPELINE_REDIS_URL=redis_url,
+        PIPELINE_SWEEP_INTERVAL_SECONDS="0.5",
+        PIPELINE_RECEIVED_GRACE_SECONDS="1",
+        PIPELINE_LOG_LEVEL="INFO",
+    )
+    h = Harness(env=env, tmp_path=tmp_path, monkeypatch=monkeypatch)
+    try:
+        yield h
+    finally:
+        h.close()

@@ -1,0 +1,115 @@
+"""The whole path on real parts: intake over HTTP → journal → Redis → Celery worker → sink."""
+
+from __future__ import annotations
+
+import json
+import random
+from datetime import UTC, datetime, timedelta
+
+from tests.support.recorder import Recorder
+
+
+def test_records_posted_across_lines_all_end_done_once_per_business_no(harness):
+    recorder = Recorder().start()
+    try:
+        # A fourth line, added by configuration only, delivers over HTTP.
+        harness.configure(lines__shipment__downstream_url=f"{recorder.url}/in")
+        client = harness.start_intake()
+        for line in ("order", "refund", "status", "shipment"):
+            harness.start_worker(line, pool="prefork", concurrency=2)
+        ids: dict[str, set[str]] = {"order": set(), "refund": set(), "status": set(), "shipment": set()}
+        base = datetime(2026, 1, 1, tzinfo=UTC)
+        for n in range(300):
+            line = ("order", "refund", "status")[n % 3]
+            # Every business number is posted twice: the tables must still hold one row each.
+            payload: dict[str, object] = {"business_no": f"{line[:1].upper()}-{n % 50}", "n": n}
+            if line == "status":
+                payload |= {"status": f"s{n}", "occurred_at": (base + timedelta(minutes=n)).isoformat()}
+            response = client.post(f"/v1/{line}", json=payload)
+            assert response.status_code == 202, response.text
+            assert response.json()["status"] == "enqueued"
+            ids[line].add(response.json()["id"])
+        for n in range(30):
+            response = client.post("/v1/shipment", json={"business_no": f"SH-{n}"})
+            assert response.status_code == 202, response.text
+            ids["shipment"].add(response.json()["id"])
+
+        every_id = set().union(*ids.values())
+        final = harness.wait_until_final(every_id, timeout_s=120)
+        assert {r.status.value for r in final.values()} == {"done"}
+        assert all(r.attempts == 1 for r in final.values())
+
+        for table, line in (("orders", "order"), ("refunds", "refund"), ("order_status", "status")):
+            rows = harness.rows(f"SELECT business_no, record_id FROM {table}")  # noqa: S608
+            business_nos = [row[0] for row in rows]
+            assert len(business_nos) == len(set(business_nos)) == 50, table
+            assert {row[1] for row in rows} <= ids[line]
+
+        seen = recorder.snapshot()
+        assert {r.body["id"] for r in seen} == ids["shipment"]
+        assert all(r.headers["Idempotency-Key"] == r.body["id"] for r in seen)
+        assert all(r.path == "/in" and r.body["line"] == "shipment" for r in seen)
+    finally:
+        recorder.stop()
+
+
+def test_status_sequence_delivered_out_of_order_ends_at_newest(harness):
+    client = harness.start_intake()
+    base = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+    steps = [(f"step-{n}", base + timedelta(seconds=n)) for n in range(12)]
+    shuffled = steps[:]
+    random.Random(7).shuffle(shuffled)
+    assert shuffled[-1] != steps[-1]  # the newest does not simply arrive last
+    ids = set()
+    for status, occurred_at in shuffled:
+        body = {"business_no": "ORD-9", "status": status, "occurred_at": occurred_at.isoformat()}
+        response = client.post("/v1/status", json=body)
+        assert response.status_code == 202, response.text
+        ids.add(response.json()["id"])
+    harness.start_worker("status")
+    harness.wait_until_final(ids)
+    rows = harness.rows("SELECT business_no, status FROM order_status")
+    assert [tuple(row) for row in rows] == [("ORD-9", "step-11")]
+
+
+def test_failing_twice_then_succeeding_ends_done_after_three_attempts(harness):
+    harness.configure(
+        lines__order__handler="tests.support.handlers:fail_twice",
+        lines__order__backoff_initial_s="0.05",
+        lines__order__backoff_max_s="0.2",
+    )
+    client = harness.start_intake()
+    harness.start_worker("order")
+    harness.start_beat()  # its sweeper re-enqueues the failed attempts when their retry is due
+    response = client.post("/v1/order", json={"business_no": "FLAKY-1"})
+    assert response.status_code == 202
+    record_id = response.json()["id"]
+    final = harness.wait_until_final({record_id})[record_id]
+    assert final.status.value == "done"
+    assert final.attempts == 3
+    assert final.last_error is None
+
+
+def test_always_failing_handler_ends_dead_after_max_attempts(harness):
+    harness.configure(
+        lines__refund__handler="tests.support.handlers:always_fail",
+        lines__refund__max_attempts="4",
+        lines__refund__backoff_initial_s="0.05",
+        lines__refund__backoff_max_s="0.2",
+    )
+    client = harness.start_intake()
+    worker = harness.start_worker("refund")
+    harness.start_beat()
+    response = client.post("/v1/refund", json={"business_no": "BAD-1"})
+    record_id = response.json()["id"]
+    final = harness.wait_until_final({record_id})[record_id]
+    assert final.status.value == "dead"
+    assert final.attempts == 4
+    assert final.finished_at is not None
+    assert "always fails" in (final.last_error or "")
+    dead_lines = [
+        json.loads(line) if line.startswith("{") else line
+        for line in worker.output().splitlines()
+        if "task_dead" in line
+    ]
+    assert len(dead_lines) == 1

@@ -1,0 +1,96 @@
+"""Processes the tests start and stop by PID, with bounded waits."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_for(predicate: Callable[[], object], *, timeout_s: float, what: str) -> None:
+    """Poll `predicate` until it is truthy; fail the test after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+
+
+class Component:
+    """A `python -m app.cli ...` child process with its output in a file."""
+
+    def __init__(self, args: list[str], *, env: dict[str, str], log_path: Path) -> None:
+        self.args = args
+        self.env = env
+        self.log_path = log_path
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Component:
+        log = self.log_path.open("ab")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "app.cli", *self.args],
+            env=self.env,
+            cwd=REPO,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        log.close()
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
+
+    def output(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def wait_for_output(self, text: str, *, timeout_s: float = 30) -> None:
+        def seen() -> bool:
+            assert self.process is not None
+            if self.process.poll() is not None:
+                raise AssertionError(f"{self.args} exited early:\n{self.output()[-3000:]}")
+            return text in self.output()
+
+        wait_for(seen, timeout_s=timeout_s, what=f"{text!r} from {self.args}")
+
+    def stop(self, *, sig: int = signal.SIGTERM, timeout_s: float = 20) -> None:
+        """Signal the process, wait, then SIGKILL its whole group."""
+        process = self.process
+        if process is None:
+            return
+        if process.poll() is None:
+            process.send_signal(sig)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=timeout_s)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=timeout_s)
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether any process is left in the process group `pgid`."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
