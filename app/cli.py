@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -57,6 +58,7 @@ def intake(
     from app.intake.main import create_app  # noqa: PLC0415
 
     settings = _settings()
+    app = create_app(settings)
     bind = host or settings.intake_host
     if settings.dev_mode:
         print(
@@ -76,7 +78,7 @@ def intake(
             log_level="warning",
         )
         return
-    uvicorn.run(create_app(settings), host=bind, port=bind_port, log_level="warning")
+    uvicorn.run(app, host=bind, port=bind_port, log_level="warning")
 
 
 @cli.command()
@@ -162,6 +164,9 @@ def db_upgrade() -> None:
 
 def main() -> None:
     """Entry point: one clear line, never a traceback, for a bad setting or a failure we know."""
+    # Handlers are named by dotted path from the directory we run in, as with `celery -A`.
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
     try:
         cli()
     except ConfigError as exc:

@@ -17,14 +17,22 @@ def test_records_posted_across_lines_all_end_done_once_per_business_no(harness):
         client = harness.start_intake()
         for line in ("order", "refund", "status", "shipment"):
             harness.start_worker(line, pool="prefork", concurrency=2)
-        ids: dict[str, set[str]] = {"order": set(), "refund": set(), "status": set(), "shipment": set()}
+        ids: dict[str, set[str]] = {
+            "order": set(),
+            "refund": set(),
+            "status": set(),
+            "shipment": set(),
+        }
         base = datetime(2026, 1, 1, tzinfo=UTC)
         for n in range(300):
             line = ("order", "refund", "status")[n % 3]
             # Every business number is posted twice: the tables must still hold one row each.
             payload: dict[str, object] = {"business_no": f"{line[:1].upper()}-{n % 50}", "n": n}
             if line == "status":
-                payload |= {"status": f"s{n}", "occurred_at": (base + timedelta(minutes=n)).isoformat()}
+                payload |= {
+                    "status": f"s{n}",
+                    "occurred_at": (base + timedelta(minutes=n)).isoformat(),
+                }
             response = client.post(f"/v1/{line}", json=payload)
             assert response.status_code == 202, response.text
             assert response.json()["status"] == "enqueued"

@@ -94,9 +94,7 @@ class Harness:
         return component.start()
 
     def start_worker(self, line: str, *, pool: str = "solo", concurrency: int = 1) -> Component:
-        worker = self._component(
-            "worker", line, "--pool", pool, "--concurrency", str(concurrency)
-        )
+        worker = self._component("worker", line, "--pool", pool, "--concurrency", str(concurrency))
         worker.wait_for_output(" ready.", timeout_s=40)
         return worker
 

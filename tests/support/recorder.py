@@ -35,7 +35,7 @@ class Recorder:
         recorder = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - the http.server naming
+            def do_POST(self) -> None:
                 length = int(self.headers.get("content-length", "0"))
                 raw = self.rfile.read(length)
                 with recorder.lock:

@@ -1,0 +1,60 @@
+"""Outages: Redis down while posting, and a journal that cannot be reached."""
+
+from __future__ import annotations
+
+from app.embedded_redis import RedisServer
+from tests.support.processes import free_port
+
+
+def test_posts_while_redis_is_down_stay_received_and_the_sweeper_delivers_them(harness, tmp_path):
+    server = RedisServer(port=free_port(), workdir=tmp_path / "redis")
+    server.start()
+    try:
+        harness.configure(redis_url=server.url)
+        client = harness.start_intake()
+        harness.start_worker("order")
+        harness.start_beat()
+        before = client.post("/v1/order", json={"business_no": "UP-1"}).json()
+        harness.wait_until_final({before["id"]})
+
+        server.stop()
+        ids = set()
+        for n in range(20):
+            response = client.post("/v1/order", json={"business_no": f"DOWN-{n}"})
+            assert response.status_code == 202, response.text
+            assert response.json()["status"] == "received"
+            ids.add(response.json()["id"])
+        ready = client.get("/readyz")
+        assert ready.status_code == 503
+        assert ready.json()["failed"] == ["redis"]
+        assert {r.status.value for r in harness.records() if r.id in ids} == {"received"}
+
+        server.start()  # the same port, and empty: nothing of the 20 was ever on a queue
+        final = harness.wait_until_final(ids, timeout_s=90)
+        assert {r.status.value for r in final.values()} == {"done"}
+        rows = harness.rows("SELECT business_no FROM orders")
+        assert sorted(row[0] for row in rows) == sorted(["UP-1", *(f"DOWN-{n}" for n in range(20))])
+    finally:
+        server.stop()
+
+
+def test_unreachable_journal_answers_503_and_enqueues_nothing(harness, tmp_path, redis_server):
+    if harness.env["PIPELINE_DATABASE_URL"].startswith("sqlite"):
+        unreachable = f"sqlite:///{tmp_path}/no-such-dir/journal.db"
+    else:
+        unreachable = f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/journal"
+    harness.configure(database_url=unreachable)
+    client = harness.start_intake()
+    response = client.post("/v1/order", json={"business_no": "A-1"})
+    assert response.status_code == 503
+    assert response.json()["error"]["code"] == "journal_unavailable"
+    assert "A-1" not in response.text
+    ready = client.get("/readyz")
+    assert ready.status_code == 503
+    assert ready.json()["failed"] == ["journal"]
+    assert client.get("/healthz").status_code == 200
+    redis = redis_server.client()
+    try:
+        assert redis.llen("order") == 0
+    finally:
+        redis.close()

@@ -1,0 +1,78 @@
+from __future__ import annotations
+
+import pytest
+
+from app.errors import ConfigError
+from app.lines import LineRegistry
+from app.settings import Overflow, load_settings
+
+
+def test_defaults_declare_the_three_lines():
+    settings = load_settings()
+    assert list(settings.lines) == ["order", "refund", "status"]
+    order = settings.lines["order"]
+    assert (order.max_queue_length, order.overflow, order.concurrency, order.max_attempts) == (
+        10_000,
+        Overflow.DEFER,
+        4,
+        8,
+    )
+    assert settings.dev_mode
+    assert settings.redis_url == "redis://127.0.0.1:6379/0"
+    assert settings.database_url == "sqlite:///./pipeline.db"
+
+
+def test_line_variables_override_one_setting_and_keep_the_rest(monkeypatch):
+    monkeypatch.setenv("PIPELINE_LINES__ORDER__MAX_QUEUE_LENGTH", "500")
+    monkeypatch.setenv("PIPELINE_LINES__REFUND__OVERFLOW", "reject")
+    monkeypatch.setenv("PIPELINE_LINES__SHIPMENT__DOWNSTREAM_URL", "http://127.0.0.1:9/in")
+    settings = load_settings()
+    assert settings.lines["order"].max_queue_length == 500
+    assert settings.lines["order"].overflow is Overflow.DEFER
+    assert settings.lines["refund"].overflow is Overflow.REJECT
+    assert settings.lines["status"].payload_schema == "app.payloads:StatusPayload"
+    assert settings.lines["shipment"].downstream_url == "http://127.0.0.1:9/in"
+    assert LineRegistry.from_settings(settings).names() == ["order", "refund", "status", "shipment"]
+
+
+def test_intake_keys_leave_dev_mode(monkeypatch):
+    monkeypatch.setenv("PIPELINE_INTAKE_KEYS", '{"shop": "s3cret"}')
+    settings = load_settings()
+    assert not settings.dev_mode
+    assert "s3cret" not in repr(settings)
+
+
+def test_a_toml_file_named_by_pipeline_config_is_read(monkeypatch, tmp_path):
+    config = tmp_path / "pipeline.toml"
+    config.write_text("intake_port = 9001\n[lines.order]\nmax_queue_length = 7\n")
+    monkeypatch.setenv("PIPELINE_CONFIG", str(config))
+    settings = load_settings()
+    assert settings.intake_port == 9001
+    assert settings.lines["order"].max_queue_length == 7
+    assert settings.lines["refund"].max_queue_length == 10_000
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("PIPELINE_LINES__ORDER__OVERFLOW", "drop"),
+        ("PIPELINE_LINES__ORDER__MAX_QUEUE_LENGTH", "0"),
+        ("PIPELINE_LINES__STATUS__CONCURRENCY", "-1"),
+        ("PIPELINE_LINES__REFUND__DOWNSTREAM_URL", "ftp://example"),
+        ("PIPELINE_INTAKE_KEYS", "[1, 2"),
+        ("PIPELINE_SWEEP_INTERVAL_SECONDS", "0"),
+        ("PIPELINE_CONFIG", "/no/such/pipeline.toml"),
+    ],
+)
+def test_a_bad_value_is_one_config_error_naming_the_variable(monkeypatch, variable, value):
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ConfigError) as caught:
+        load_settings()
+    assert variable in str(caught.value)
+    assert "\n" not in str(caught.value)
+
+
+def test_an_unknown_handler_is_a_config_error_naming_the_variable(monkeypatch):
+    monkeypatch.setenv("PIPELINE_LINES__ORDER__HANDLER", "no_such_module.handle")
+    with pytest.raises(ConfigError, match="PIPELINE_LINES__ORDER__HANDLER"):
+        LineRegistry.from_settings(load_settings())
