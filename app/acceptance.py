@@ -5,7 +5,6 @@ committed before anything is pushed, so a 2xx always means the record is durable
 
 from __future__ import annotations
 
-import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -17,29 +16,27 @@ from app.journal import store
 from app.journal.models import Record, RecordStatus
 from app.journal.store import NewRecord
 from app.logs import get_logger
-from app.runner import run_record
 from app.runtime import Runtime
 from app.settings import Overflow
+from app.webhooks import Event
 
 log = get_logger(__name__)
 
 
 @dataclass(frozen=True, kw_only=True)
 class Acceptance:
-    """The stored record, its status after admission, and whether this call created it."""
+    """The stored record, its status after admission, and whether this call created it.
+
+    `caller_runs` means the queue was full under that policy: the caller must now run the
+    record itself (`app.runner.run_record`) before it answers."""
 
     record: Record
     status: RecordStatus
     created: bool
+    caller_runs: bool = False
 
 
-def accept(
-    rt: Runtime,
-    new: NewRecord,
-    *,
-    clock: Callable[[], datetime],
-    rng: random.Random,
-) -> Acceptance:
+def accept(rt: Runtime, new: NewRecord, *, clock: Callable[[], datetime]) -> Acceptance:
     """Journal `new` (unless its dedup key is known) and push it onto its queue.
 
     Raises `JournalUnavailable` if the record could not be committed; a Redis failure
@@ -61,18 +58,29 @@ def accept(
         log.warning("broker_down_record_kept", record_id=record.id, error=str(exc))
         return Acceptance(record=record, status=RecordStatus.RECEIVED, created=True)
     if pushed.pushed:
-        status = RecordStatus.ENQUEUED
-        _move(rt, record, status, clock)
-    else:
-        status = _overflow(rt, record, line.settings.overflow, clock=clock, rng=rng)
-        log.warning(
-            "queue_full",
-            record_id=record.id,
-            line=record.line,
-            depth=pushed.depth,
-            limit=line.settings.max_queue_length,
-            policy=line.settings.overflow.value,
+        _move(rt, record, RecordStatus.ENQUEUED, clock)
+        return Acceptance(record=record, status=RecordStatus.ENQUEUED, created=True)
+    policy = line.settings.overflow
+    rt.alerts.raise_event(
+        Event.QUEUE_FULL,
+        line=line.name,
+        message=f"queue {line.queue!r} is full ({pushed.depth}/"
+        f"{line.settings.max_queue_length}); policy {policy.value}",
+        depth=pushed.depth,
+        limit=line.settings.max_queue_length,
+        policy=policy.value,
+    )
+    if policy is Overflow.CALLER_RUNS:
+        rt.alerts.raise_event(
+            Event.CALLER_RUNS,
+            line=line.name,
+            message=f"queue {line.queue!r} is full: the intake runs the handler itself",
         )
+        return Acceptance(
+            record=record, status=RecordStatus.RECEIVED, created=True, caller_runs=True
+        )
+    status = RecordStatus.REJECTED if policy is Overflow.REJECT else RecordStatus.DEFERRED
+    _move(rt, record, status, clock)
     return Acceptance(record=record, status=status, created=True)
 
 
@@ -84,21 +92,3 @@ def _move(rt: Runtime, record: Record, to: RecordStatus, clock: Callable[[], dat
             store.set_status(conn, [record.id], to, only_from=[RecordStatus.RECEIVED], now=clock())
     except SQLAlchemyError as exc:
         log.warning("record_status_not_saved", record_id=record.id, to=to.value, error=str(exc))
-
-
-def _overflow(
-    rt: Runtime,
-    record: Record,
-    policy: Overflow,
-    *,
-    clock: Callable[[], datetime],
-    rng: random.Random,
-) -> RecordStatus:
-    if policy is Overflow.REJECT:
-        _move(rt, record, RecordStatus.REJECTED, clock)
-        return RecordStatus.REJECTED
-    if policy is Overflow.CALLER_RUNS:
-        log.warning("caller_runs", record_id=record.id, line=record.line)
-        return run_record(rt, record.id, clock=clock, rng=rng) or RecordStatus.RECEIVED
-    _move(rt, record, RecordStatus.DEFERRED, clock)
-    return RecordStatus.DEFERRED

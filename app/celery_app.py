@@ -8,9 +8,11 @@ from __future__ import annotations
 from typing import Any
 
 from celery import Celery
+from celery.signals import before_task_publish
 from kombu.entity import Queue
 
 from app.admission import TASK_NAME
+from app.errors import UnboundedPublish
 from app.redis_client import (
     HEALTH_CHECK_INTERVAL_S,
     SOCKET_CONNECT_TIMEOUT_S,
@@ -32,8 +34,19 @@ class PipelineCelery(Celery):  # type: ignore[misc]  # Celery ships no type hint
     pipeline_settings: Settings
 
 
+def _refuse_unbounded_publish(**_kwargs: Any) -> None:
+    """Celery's own publish path (`apply_async`, `send_task`) would skip the bound."""
+    raise UnboundedPublish()
+
+
 def create_celery(settings: Settings) -> PipelineCelery:
-    """Build the Celery app for `settings`. Connects to nothing."""
+    """Build the Celery app for `settings`. Connects to nothing.
+
+    Publishing the pipeline's task through Celery raises `UnboundedPublish`: its messages
+    go through `app.admission`, whose push checks the line's bound atomically."""
+    before_task_publish.connect(
+        _refuse_unbounded_publish, sender=TASK_NAME, weak=False, dispatch_uid=TASK_NAME
+    )
     celery = PipelineCelery("pipeline", set_as_current=False)
     celery.pipeline_settings = settings
     celery.conf.update(

@@ -138,12 +138,15 @@ def status() -> None:
         rows = line_statuses(rt, now=utcnow())
     finally:
         rt.close()
-    table = Table("line", "depth / bound", "policy", "counts", "oldest unfinished")
+    table = Table("line", "depth / bound", "policy", "live workers", "counts", "oldest unfinished")
     for row in rows:
         depth = "redis down" if row.queue_depth is None else str(row.queue_depth)
         counts = ", ".join(f"{k}={v}" for k, v in sorted(row.counts.items())) or "-"
         age = "-" if row.oldest_unfinished_age_s is None else f"{row.oldest_unfinished_age_s:.0f}s"
-        table.add_row(row.line, f"{depth} / {row.max_queue_length}", row.overflow, counts, age)
+        live = "?" if row.live_workers is None else str(row.live_workers)
+        table.add_row(
+            row.line, f"{depth} / {row.max_queue_length}", row.overflow, live, counts, age
+        )
     Console().print(table)
 
 

@@ -4,6 +4,7 @@
     ├── ConfigError            a setting is invalid; the process must not start
     ├── JournalUnavailable     the journal database cannot be reached or written
     ├── BrokerUnavailable      Redis cannot be reached
+    ├── UnboundedPublish       a pipeline task was published around bounded admission
     ├── UnknownLine            no business line has that name
     ├── InvalidPayload         the body is not a valid payload for its line
     ├── PayloadTooLarge        the body is over the size limit
@@ -50,6 +51,12 @@ class BrokerUnavailable(PipelineError):
     """Redis is unavailable."""
 
     code = "broker_unavailable"
+
+
+class UnboundedPublish(PipelineError):
+    """Pipeline tasks are published only through bounded admission (app.admission)."""
+
+    code = "unbounded_publish"
 
 
 class UnknownLine(PipelineError):

@@ -17,6 +17,7 @@ from app.journal.models import Record, RecordStatus
 from app.logs import get_logger
 from app.runtime import Runtime
 from app.sinks import deliver_http, write_table_sink
+from app.webhooks import Event
 
 log = get_logger(__name__)
 
@@ -86,12 +87,16 @@ def _record_failure(
     except SQLAlchemyError as db_exc:
         raise JournalUnavailable(f"recording failure of {record.id} failed") from db_exc
     if decision.dead:
-        log.error(
-            "task_dead",
-            record_id=record.id,
+        log.error("record_dead", record_id=record.id, line=record.line, attempts=record.attempts)
+        rt.alerts.raise_event(
+            Event.TASK_DEAD,
             line=record.line,
+            message=f"record {record.id} ({record.business_no}) is dead after "
+            f"{record.attempts} attempts",
+            record_id=record.id,
+            business_no=record.business_no,
             attempts=record.attempts,
-            error=error,
+            error=error[:500],
         )
         return RecordStatus.DEAD
     log.warning(

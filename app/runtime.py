@@ -9,6 +9,8 @@ import redis
 from sqlalchemy import Engine
 
 from app.admission import Admission
+from app.alerts import Alerter
+from app.clock import utcnow
 from app.journal.engine import make_engine
 from app.lines import LineRegistry
 from app.redis_client import make_redis
@@ -26,6 +28,7 @@ class Runtime:
     redis: redis.Redis
     admission: Admission
     http: httpx.Client
+    alerts: Alerter
 
     @classmethod
     def build(cls, settings: Settings, *, db_pool_size: int = 5) -> Runtime:
@@ -39,9 +42,11 @@ class Runtime:
             redis=client,
             admission=Admission(client),
             http=make_http_client(),
+            alerts=Alerter(settings, clock=utcnow),
         )
 
     def close(self) -> None:
+        self.alerts.close()
         self.http.close()
         self.redis.close()
         self.engine.dispose()

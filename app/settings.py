@@ -51,6 +51,24 @@ class LineSettings(BaseModel):
     payload_schema: str = "app.payloads:Payload"
 
 
+class WebhookKind(StrEnum):
+    """The chat webhooks alerts can go to (DESIGN §11)."""
+
+    GENERIC = "generic"
+    DINGTALK = "dingtalk"
+    SLACK = "slack"
+
+
+class WebhookSettings(BaseModel):
+    """One alert destination."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: WebhookKind
+    url: str = Field(pattern=r"^https?://\S+$")
+    secret: SecretStr | None = None
+
+
 DEFAULT_LINES: dict[str, dict[str, Any]] = {
     "order": {},
     "refund": {},
@@ -77,7 +95,15 @@ class Settings(BaseSettings):
     admin_token: SecretStr | None = None
     max_body_bytes: int = Field(default=DEFAULT_MAX_BODY_BYTES, ge=1024)
     timestamp_window_seconds: int = Field(default=300, ge=1)
-    alert_window_seconds: int = Field(default=60, ge=1)
+    alert_webhooks: list[WebhookSettings] = Field(default_factory=list)
+    alert_window_seconds: float = Field(default=60, gt=0)
+    # Alerts waiting to be sent; when full the oldest is dropped (and counted), never the caller.
+    alert_buffer_size: int = Field(default=1000, ge=1)
+    # A line whose oldest unfinished record is older than this raises BACKLOG.
+    backlog_after_seconds: float = Field(default=300, gt=0)
+    monitor_interval_seconds: float = Field(default=15, gt=0)
+    # A worker's heartbeat key lives this long; it is refreshed at a third of it.
+    worker_heartbeat_ttl_seconds: float = Field(default=15, ge=1)
     visibility_timeout_seconds: int = Field(default=120, ge=1)
     stuck_after_seconds: int = Field(default=600, ge=1)
     beat_lock_ttl_seconds: int = Field(default=10, ge=1)

@@ -15,12 +15,14 @@ from celery.schedules import schedule
 from app.clock import utcnow
 from app.errors import PipelineError
 from app.logs import get_logger
+from app.monitor import monitor
 from app.runtime import Runtime
 from app.sweeper import sweep
 
 log = get_logger(__name__)
 
 SWEEP_ENTRY = "pipeline.sweep"
+MONITOR_ENTRY = "pipeline.monitor"
 
 
 class PipelineScheduler(Scheduler):  # type: ignore[misc]  # Celery ships no type hints
@@ -28,7 +30,10 @@ class PipelineScheduler(Scheduler):  # type: ignore[misc]  # Celery ships no typ
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._runtime: Runtime | None = None
-        self._local: dict[str, Callable[[], None]] = {SWEEP_ENTRY: self._sweep}
+        self._local: dict[str, Callable[[], None]] = {
+            SWEEP_ENTRY: self._sweep,
+            MONITOR_ENTRY: self._monitor,
+        }
         super().__init__(*args, **kwargs)
 
     @property
@@ -44,7 +49,11 @@ class PipelineScheduler(Scheduler):  # type: ignore[misc]  # Celery ships no typ
                 SWEEP_ENTRY: {
                     "task": SWEEP_ENTRY,
                     "schedule": schedule(timedelta(seconds=settings.sweep_interval_seconds)),
-                }
+                },
+                MONITOR_ENTRY: {
+                    "task": MONITOR_ENTRY,
+                    "schedule": schedule(timedelta(seconds=settings.monitor_interval_seconds)),
+                },
             }
         )
 
@@ -62,6 +71,9 @@ class PipelineScheduler(Scheduler):  # type: ignore[misc]  # Celery ships no typ
 
     def _sweep(self) -> None:
         sweep(self.runtime, now=utcnow())
+
+    def _monitor(self) -> None:
+        monitor(self.runtime, now=utcnow())
 
     def close(self) -> None:
         if self._runtime is not None:

@@ -14,6 +14,7 @@ from app.admission import TASK_NAME
 from app.clock import utcnow
 from app.runner import run_record
 from app.runtime import Runtime
+from workers import heartbeat  # noqa: F401 - connects the heartbeat to the worker's signals
 
 _runtime: tuple[int, Runtime] | None = None
 _rng = random.Random()  # noqa: S311 - backoff jitter, not cryptography

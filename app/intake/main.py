@@ -30,6 +30,7 @@ def create_app(settings: Settings) -> FastAPI:
         lifespan=lifespan,
     )
     app.state.runtime = rt
+    app.state.caller_run_limiters = {}
     errors.install(app)
     app.include_router(routes.router)
     return app

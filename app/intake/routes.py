@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import hmac
 import random
 import time
 from datetime import datetime
 from typing import Annotated, Any
 
+import anyio
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse
 from sqlalchemy import text
@@ -29,7 +31,9 @@ from app.intake.signing import Caller, verify
 from app.journal import store
 from app.journal.models import RecordStatus, Source
 from app.journal.store import NewRecord, RecordFilter
+from app.runner import run_record
 from app.runtime import Runtime
+from app.status import line_statuses, public
 
 router = APIRouter()
 _rng = random.Random()  # noqa: S311 - backoff jitter, not cryptography
@@ -73,6 +77,14 @@ def require_admin(request: Request, rt: RuntimeDep) -> None:
         raise AdminForbidden("the admin token is not valid")
 
 
+def caller_run_limiter(request: Request, line: str, tokens: int) -> anyio.CapacityLimiter:
+    """The thread limiter of `line`'s caller-run handlers, made on first use."""
+    limiters: dict[str, anyio.CapacityLimiter] = request.app.state.caller_run_limiters
+    if line not in limiters:
+        limiters[line] = anyio.CapacityLimiter(tokens)
+    return limiters[line]
+
+
 def _caller(request: Request, rt: Runtime, body: bytes) -> Caller:
     if rt.settings.dev_mode:
         nonce = request.headers.get("x-nonce") or new_id(utcnow())
@@ -114,6 +126,16 @@ def readyz(rt: RuntimeDep) -> JSONResponse:
             status_code=503,
         )
     return JSONResponse({"status": "ready"})
+
+
+@router.get("/v1/lines")
+def lines(rt: RuntimeDep) -> dict[str, Any]:
+    """Per line: queue depth and bound, policy, live workers, counts, oldest unfinished age."""
+    try:
+        rows = line_statuses(rt, now=utcnow())
+    except SQLAlchemyError as exc:
+        raise JournalUnavailable() from exc
+    return {"lines": [public(row) for row in rows]}
 
 
 @router.get("/v1/records/{record_id}", dependencies=[Depends(require_admin)])
@@ -178,21 +200,31 @@ async def post_record(line: str, request: Request, rt: RuntimeDep) -> JSONRespon
         body_sha256=body_digest(body),
         payload=payload,
     )
-    result = await run_in_threadpool(accept, rt, new, clock=utcnow, rng=_rng)
+    result = await run_in_threadpool(accept, rt, new, clock=utcnow)
     record = result.record
     if not result.created and record.body_sha256 != new.body_sha256:
         raise NonceReused("this nonce was already used with a different body")
+    status = result.status
+    if result.caller_runs:
+        # The line's own limiter: a slow line under caller_runs cannot take the threads
+        # that other lines' requests need (DESIGN §3, isolation).
+        limiter = caller_run_limiter(request, spec.name, spec.settings.concurrency)
+        ran = await anyio.to_thread.run_sync(
+            functools.partial(run_record, rt, record.id, clock=utcnow, rng=_rng),
+            limiter=limiter,
+        )
+        status = ran or status
     answer = {
         "id": record.id,
         "line": record.line,
         "business_no": record.business_no,
-        "status": result.status.value,
+        "status": status.value,
     }
-    if result.status is RecordStatus.REJECTED:
+    if status is RecordStatus.REJECTED:
         return JSONResponse(
             {"error": {"code": "queue_full", "message": f"line {line!r} is full"}, **answer},
             status_code=429,
             headers={"Retry-After": "5"},
         )
-    done = result.status is RecordStatus.DONE
+    done = status is RecordStatus.DONE
     return JSONResponse(answer, status_code=200 if (done or not result.created) else 202)

@@ -1,0 +1,68 @@
+"""The queue monitor (DESIGN §11), run by the active beat every ~15 s: raises `NO_CONSUMER`
+when a line has waiting work and no live worker, `BACKLOG` when its oldest unfinished record
+is older than the threshold, and `BROKER_DOWN` / `JOURNAL_DOWN` when they do not answer."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import redis
+from sqlalchemy.exc import SQLAlchemyError
+
+from app.errors import BrokerUnavailable
+from app.journal.models import RecordStatus
+from app.logs import get_logger
+from app.runtime import Runtime
+from app.status import LineStatus, line_statuses
+from app.webhooks import Event
+
+log = get_logger(__name__)
+
+
+def monitor(rt: Runtime, *, now: datetime) -> list[Event]:
+    """Check every line once; returns the events raised (before throttling)."""
+    raised: list[Event] = []
+    try:
+        rt.redis.ping()
+    except redis.RedisError as exc:
+        rt.alerts.raise_event(Event.BROKER_DOWN, line=None, message=f"Redis does not answer: {exc}")
+        raised.append(Event.BROKER_DOWN)
+    try:
+        rows = line_statuses(rt, now=now)
+    except SQLAlchemyError as exc:
+        rt.alerts.raise_event(
+            Event.JOURNAL_DOWN,
+            line=None,
+            message=f"the journal does not answer: {type(exc).__name__}",
+        )
+        return [*raised, Event.JOURNAL_DOWN]
+    except BrokerUnavailable:
+        return raised
+    for row in rows:
+        raised += _check_line(rt, row)
+    return raised
+
+
+def _check_line(rt: Runtime, row: LineStatus) -> list[Event]:
+    raised = []
+    waiting = (row.queue_depth or 0) + row.counts.get(RecordStatus.DEFERRED.value, 0)
+    if waiting and row.live_workers == 0:
+        rt.alerts.raise_event(
+            Event.NO_CONSUMER,
+            line=row.line,
+            message=f"{waiting} records wait on line {row.line!r} and no worker is alive",
+            waiting=waiting,
+            queue_depth=row.queue_depth,
+        )
+        raised.append(Event.NO_CONSUMER)
+    age = row.oldest_unfinished_age_s
+    if age is not None and age > rt.settings.backlog_after_seconds:
+        rt.alerts.raise_event(
+            Event.BACKLOG,
+            line=row.line,
+            message=f"the oldest unfinished record of {row.line!r} is {age:.0f} s old",
+            oldest_unfinished_age_s=round(age, 1),
+            threshold_s=rt.settings.backlog_after_seconds,
+        )
+        raised.append(Event.BACKLOG)
+    return raised
