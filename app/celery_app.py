@@ -8,7 +8,6 @@ from __future__ import annotations
 from typing import Any
 
 from celery import Celery
-from celery.signals import before_task_publish
 from kombu.entity import Queue
 
 from app.admission import TASK_NAME
@@ -29,24 +28,22 @@ BRPOP_TIMEOUT_S = 1
 
 
 class PipelineCelery(Celery):  # type: ignore[misc]  # Celery ships no type hints
-    """A Celery app that carries the pipeline's settings."""
+    """A Celery app that carries the pipeline's settings.
+
+    Publishing the pipeline's task through Celery (`send_task`, and so `apply_async`, which
+    calls it) raises `UnboundedPublish`: those messages go through `app.admission`, whose
+    push checks the line's bound atomically; Celery's path would skip it."""
 
     pipeline_settings: Settings
 
-
-def _refuse_unbounded_publish(**_kwargs: Any) -> None:
-    """Celery's own publish path (`apply_async`, `send_task`) would skip the bound."""
-    raise UnboundedPublish()
+    def send_task(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        if name == TASK_NAME:
+            raise UnboundedPublish()
+        return super().send_task(name, *args, **kwargs)
 
 
 def create_celery(settings: Settings) -> PipelineCelery:
-    """Build the Celery app for `settings`. Connects to nothing.
-
-    Publishing the pipeline's task through Celery raises `UnboundedPublish`: its messages
-    go through `app.admission`, whose push checks the line's bound atomically."""
-    before_task_publish.connect(
-        _refuse_unbounded_publish, sender=TASK_NAME, weak=False, dispatch_uid=TASK_NAME
-    )
+    """Build the Celery app for `settings`. Connects to nothing."""
     celery = PipelineCelery("pipeline", set_as_current=False)
     celery.pipeline_settings = settings
     celery.conf.update(

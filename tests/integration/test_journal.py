@@ -7,7 +7,12 @@ import json
 import random
 from datetime import UTC, datetime, timedelta
 
+import pytest
+
+from app.admission import TASK_NAME
+from app.celery_app import create_celery
 from app.clock import utcnow
+from app.errors import UnboundedPublish
 from app.ids import new_id
 from app.journal import store
 from app.journal.models import RecordStatus, Source
@@ -94,3 +99,18 @@ def test_sweeper_pushes_old_received_records_oldest_first_within_the_bound(harne
     assert rt.redis.llen("order") == 3
     # Oldest first: the worker pops from the tail, and the tail is the oldest record.
     assert json.loads(rt.redis.lindex("order", -1))["headers"]["id"] == ids[0]
+
+
+def test_celerys_own_publish_path_cannot_bypass_the_bound(harness):
+    rt = harness.runtime()
+    celery = create_celery(harness.settings())
+    try:
+        with pytest.raises(UnboundedPublish):
+            celery.send_task(TASK_NAME, args=["01X"], queue="order")
+        celery.loader.import_default_modules()  # as a worker does: registers workers.tasks
+        task = celery.tasks[TASK_NAME]  # the registered task: apply_async goes the same way
+        with pytest.raises(UnboundedPublish):
+            task.apply_async(args=["01X"], queue="order")
+    finally:
+        celery.close()
+    assert rt.redis.llen("order") == 0

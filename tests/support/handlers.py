@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from app.journal.models import Record
 
 
@@ -20,3 +22,8 @@ def always_fail(record: Record) -> None:
 
 
 NOT_CALLABLE = 42
+
+
+def slow(record: Record) -> None:
+    """A deliberately slow downstream."""
+    time.sleep(0.05)

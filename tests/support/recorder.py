@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import socket
 import threading
+import time
+import urllib.parse
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -14,6 +17,9 @@ class Received:
     path: str
     headers: dict[str, str]
     body: Any
+    raw: bytes = b""
+    query: dict[str, str] = field(default_factory=dict)
+    at_s: float = 0.0  # monotonic time of arrival
 
 
 @dataclass
@@ -38,10 +44,17 @@ class Recorder:
             def do_POST(self) -> None:
                 length = int(self.headers.get("content-length", "0"))
                 raw = self.rfile.read(length)
+                url = urllib.parse.urlsplit(self.path)
+                received = Received(
+                    path=url.path,
+                    headers=dict(self.headers.items()),
+                    body=json.loads(raw or b"null"),
+                    raw=raw,
+                    query=dict(urllib.parse.parse_qsl(url.query)),
+                    at_s=time.monotonic(),
+                )
                 with recorder.lock:
-                    recorder.received.append(
-                        Received(self.path, dict(self.headers.items()), json.loads(raw or b"null"))
-                    )
+                    recorder.received.append(received)
                     status = recorder.status
                 self.send_response(status)
                 self.send_header("content-length", "0")
@@ -62,3 +75,36 @@ class Recorder:
     def snapshot(self) -> list[Received]:
         with self.lock:
             return list(self.received)
+
+
+class SilentServer:
+    """Accepts connections on 127.0.0.1 and never answers: a hung webhook."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(128)
+        self.held: list[socket.socket] = []
+        self.closed = threading.Event()
+        self.thread = threading.Thread(target=self._accept, daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.sock.getsockname()[1]}/hook"
+
+    def _accept(self) -> None:
+        while not self.closed.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.held.append(conn)
+
+    def stop(self) -> None:
+        self.closed.set()
+        self.sock.shutdown(socket.SHUT_RDWR)
+        self.sock.close()
+        self.thread.join(timeout=5)
+        for conn in self.held:
+            conn.close()

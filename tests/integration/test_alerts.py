@@ -1,0 +1,164 @@
+"""Alerts reach a recording webhook on 127.0.0.1: folded per window, signed, never blocking."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import itertools
+import json
+import time
+
+import pytest
+
+from tests.support.processes import wait_for
+from tests.support.recorder import Recorder, SilentServer
+
+WINDOW_S = 1.5
+GENERIC_SECRET, DING_SECRET = "generic-secret", "SEC-ding-secret"
+
+
+@pytest.fixture
+def hooks(harness):
+    recorder = Recorder().start()
+    harness.configure(
+        alert_window_seconds=str(WINDOW_S),
+        alert_webhooks=json.dumps(
+            [
+                {"kind": "generic", "url": f"{recorder.url}/generic", "secret": GENERIC_SECRET},
+                {
+                    "kind": "dingtalk",
+                    "url": f"{recorder.url}/ding?access_token=t",
+                    "secret": DING_SECRET,
+                },
+                {"kind": "slack", "url": f"{recorder.url}/slack"},
+            ]
+        ),
+    )
+    try:
+        yield recorder
+    finally:
+        recorder.stop()
+
+
+def messages(recorder: Recorder, path: str, event: str) -> list:
+    found = []
+    for received in recorder.snapshot():
+        if received.path != path:
+            continue
+        text = json.dumps(received.body)
+        if event in text:
+            found.append(received)
+    return found
+
+
+def test_a_queue_kept_full_yields_one_queue_full_per_window_with_the_folded_count(harness, hooks):
+    harness.configure(lines__order__max_queue_length="1", lines__order__overflow="reject")
+    client = harness.start_intake()
+    assert client.post("/v1/order", json={"business_no": "FILL"}).status_code == 202
+    overflows = 0
+    started = time.monotonic()
+    while time.monotonic() - started < WINDOW_S * 3:
+        response = client.post("/v1/order", json={"business_no": f"X-{overflows}"})
+        assert response.status_code == 429
+        overflows += 1
+        time.sleep(0.01)
+
+    # The tail of the last window is released once that window closes.
+    def all_counted() -> bool:
+        return sum(m.body["count"] for m in messages(hooks, "/generic", "QUEUE_FULL")) >= overflows
+
+    wait_for(all_counted, timeout_s=WINDOW_S * 4, what="the folded counts to arrive")
+    generic = messages(hooks, "/generic", "QUEUE_FULL")
+    assert sum(m.body["count"] for m in generic) == overflows
+    assert 3 <= len(generic) <= 5
+    assert max(m.body["count"] for m in generic) > 1
+    gaps = [b.at_s - a.at_s for a, b in itertools.pairwise(generic)]
+    assert all(gap >= WINDOW_S * 0.8 for gap in gaps), gaps
+    first = generic[0]
+    assert first.body["line"] == "order"
+    assert first.body["details"] == {"depth": 1, "limit": 1, "policy": "reject"}
+    expected = hmac.new(GENERIC_SECRET.encode(), first.raw, hashlib.sha256).hexdigest()
+    assert first.headers["x-signature"] == expected
+
+    ding = messages(hooks, "/ding", "QUEUE_FULL")
+    assert len(ding) == len(generic)
+    query = ding[0].query
+    assert query["access_token"] == "t"
+    string_to_sign = f"{query['timestamp']}\n{DING_SECRET}".encode()
+    sign = base64.b64encode(
+        hmac.new(DING_SECRET.encode(), string_to_sign, hashlib.sha256).digest()
+    ).decode()
+    assert query["sign"] == sign
+    assert abs(int(query["timestamp"]) / 1000 - time.time()) < 3600
+    assert ding[0].body["msgtype"] == "markdown"
+    assert "QUEUE_FULL" in ding[0].body["markdown"]["text"]
+
+    slack = messages(hooks, "/slack", "QUEUE_FULL")
+    assert len(slack) == len(generic)
+    assert slack[0].body["text"].startswith("QUEUE_FULL [order]")
+
+
+def test_a_dead_record_yields_task_dead_with_its_id_and_business_no(harness, hooks):
+    harness.configure(
+        lines__refund__handler="tests.support.handlers:always_fail",
+        lines__refund__max_attempts="1",
+    )
+    client = harness.start_intake()
+    harness.start_worker("refund")
+    record_id = client.post("/v1/refund", json={"business_no": "RF-77"}).json()["id"]
+    harness.wait_until_final({record_id})
+    wait_for(lambda: messages(hooks, "/generic", "TASK_DEAD"), timeout_s=15, what="TASK_DEAD")
+    (dead,) = messages(hooks, "/generic", "TASK_DEAD")
+    assert dead.body["line"] == "refund"
+    assert dead.body["details"]["record_id"] == record_id
+    assert dead.body["details"]["business_no"] == "RF-77"
+
+
+def test_stopping_the_order_worker_with_work_waiting_yields_no_consumer(harness, hooks):
+    harness.configure(monitor_interval_seconds="1", worker_heartbeat_ttl_seconds="3")
+    client = harness.start_intake()
+    worker = harness.start_worker("order")
+    harness.start_worker("refund")
+    harness.start_beat()
+
+    def live(line: str) -> int | None:
+        rows = client.get("/v1/lines").json()["lines"]
+        return next(row["live_workers"] for row in rows if row["line"] == line)
+
+    wait_for(lambda: live("order") == 1, timeout_s=20, what="the order worker's heartbeat")
+    time.sleep(2.5)  # two monitor runs with a live worker
+    assert not messages(hooks, "/generic", "NO_CONSUMER")
+
+    worker.stop()
+    assert live("order") == 0  # a graceful stop removes its heartbeat at once
+    stopped_at = time.monotonic()
+    for n in range(3):
+        assert client.post("/v1/order", json={"business_no": f"WAIT-{n}"}).status_code == 202
+    wait_for(lambda: messages(hooks, "/generic", "NO_CONSUMER"), timeout_s=60, what="NO_CONSUMER")
+    assert time.monotonic() - stopped_at < 60
+    alerts = messages(hooks, "/generic", "NO_CONSUMER")
+    assert {m.body["line"] for m in alerts} == {"order"}
+    assert alerts[0].body["details"]["waiting"] >= 3
+
+
+def test_a_webhook_that_never_answers_costs_the_intake_nothing(harness):
+    silent = SilentServer()
+    try:
+        harness.configure(
+            alert_window_seconds="0.01",
+            alert_webhooks=json.dumps([{"kind": "generic", "url": silent.url}]),
+            lines__order__max_queue_length="1",
+            lines__order__overflow="reject",
+        )
+        client = harness.start_intake()
+        codes = []
+        for n in range(60):
+            started = time.monotonic()
+            response = client.post("/v1/order", json={"business_no": f"H-{n}"})
+            assert time.monotonic() - started < 2.0
+            codes.append(response.status_code)
+        assert codes == [202] + [429] * 59
+        assert silent.held  # the alerts did go out, and hang there
+    finally:
+        silent.stop()
