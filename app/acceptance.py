@@ -58,7 +58,7 @@ def accept(rt: Runtime, new: NewRecord, *, clock: Callable[[], datetime]) -> Acc
         log.warning("broker_down_record_kept", record_id=record.id, error=str(exc))
         return Acceptance(record=record, status=RecordStatus.RECEIVED, created=True)
     if pushed.pushed:
-        _move(rt, record, RecordStatus.ENQUEUED, clock)
+        _mark_enqueued(rt, record, pushed.epoch, clock)
         return Acceptance(record=record, status=RecordStatus.ENQUEUED, created=True)
     policy = line.settings.overflow
     rt.alerts.raise_event(
@@ -82,6 +82,17 @@ def accept(rt: Runtime, new: NewRecord, *, clock: Callable[[], datetime]) -> Acc
     status = RecordStatus.REJECTED if policy is Overflow.REJECT else RecordStatus.DEFERRED
     _move(rt, record, status, clock)
     return Acceptance(record=record, status=status, created=True)
+
+
+def _mark_enqueued(rt: Runtime, record: Record, epoch: str, clock: Callable[[], datetime]) -> None:
+    """`received → enqueued`; on failure the record stays `received` (see `_move`)."""
+    try:
+        with rt.engine.begin() as conn:
+            store.mark_enqueued(
+                conn, [record.id], epoch=epoch, only_from=[RecordStatus.RECEIVED], now=clock()
+            )
+    except SQLAlchemyError as exc:
+        log.warning("record_status_not_saved", record_id=record.id, error=str(exc))
 
 
 def _move(rt: Runtime, record: Record, to: RecordStatus, clock: Callable[[], datetime]) -> None:

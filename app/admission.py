@@ -21,27 +21,46 @@ from app.errors import BrokerUnavailable
 # The one task every line's worker runs; its queue tells the line (DESIGN §8).
 TASK_NAME = "pipeline.process"
 
-# KEYS[1]: the queue. ARGV[1]: its bound. ARGV[2..]: messages, pushed in order while room
-# remains. Returns {pushed, depth after}.
+# The epoch names one life of Redis's memory. It is created by the first push and lost with
+# everything else when Redis restarts empty or is flushed; a record pushed in another epoch
+# than the current one can no longer be on its queue. (Redis's run_id would miss a FLUSHALL,
+# and would change on a restart that kept its data through the append-only file.)
+EPOCH_KEY = "pipeline:epoch"
+
+# KEYS[1]: the queue, KEYS[2]: the epoch key. ARGV[1]: the bound, ARGV[2]: an epoch to use if
+# none exists, ARGV[3..]: messages, pushed in order while room remains.
+# Returns {pushed, depth after, epoch}.
 _PUSH_BOUNDED = """
+local epoch = redis.call('GET', KEYS[2])
+if not epoch then
+    epoch = ARGV[2]
+    redis.call('SET', KEYS[2], epoch)
+end
 local depth = redis.call('LLEN', KEYS[1])
 local room = tonumber(ARGV[1]) - depth
 local pushed = 0
-for i = 2, #ARGV do
+for i = 3, #ARGV do
     if pushed >= room then break end
     redis.call('LPUSH', KEYS[1], ARGV[i])
     pushed = pushed + 1
 end
-return {pushed, depth + pushed}
+return {pushed, depth + pushed, epoch}
+"""
+
+_CURRENT_EPOCH = """
+redis.call('SET', KEYS[1], ARGV[1], 'NX')
+return redis.call('GET', KEYS[1])
 """
 
 
 @dataclass(frozen=True, kw_only=True)
 class PushResult:
-    """How many of the messages went onto the queue (the first `pushed`), and its depth."""
+    """How many of the messages went onto the queue (the first `pushed`), its depth, and
+    the epoch they were pushed in."""
 
     pushed: int
     depth: int
+    epoch: str
 
 
 def build_message(record_id: str, *, queue: str, origin: str) -> bytes:
@@ -93,6 +112,7 @@ class Admission:
     def __init__(self, client: redis.Redis) -> None:
         self._client = client
         self._script = client.register_script(_PUSH_BOUNDED)
+        self._epoch_script = client.register_script(_CURRENT_EPOCH)
         self._origin = f"{os.getpid()}@{socket.gethostname()}"
 
     def push(self, queue: str, record_ids: Sequence[str], *, max_length: int) -> PushResult:
@@ -100,13 +120,22 @@ class Admission:
 
         Raises `BrokerUnavailable` when Redis cannot be reached."""
         if not record_ids:
-            return PushResult(pushed=0, depth=0)
+            return PushResult(pushed=0, depth=self.depth(queue), epoch=self.epoch())
         messages = [build_message(rid, queue=queue, origin=self._origin) for rid in record_ids]
         try:
-            pushed, depth = self._script(keys=[queue], args=[max_length, *messages])
+            pushed, depth, epoch = self._script(
+                keys=[queue, EPOCH_KEY], args=[max_length, str(uuid.uuid4()), *messages]
+            )
         except redis.RedisError as exc:
             raise BrokerUnavailable(f"push to {queue!r} failed: {exc}") from exc
-        return PushResult(pushed=int(pushed), depth=int(depth))
+        return PushResult(pushed=int(pushed), depth=int(depth), epoch=_text(epoch))
+
+    def epoch(self) -> str:
+        """The current epoch (made now if Redis has none). Raises `BrokerUnavailable`."""
+        try:
+            return _text(self._epoch_script(keys=[EPOCH_KEY], args=[str(uuid.uuid4())]))
+        except redis.RedisError as exc:
+            raise BrokerUnavailable(f"reading the epoch failed: {exc}") from exc
 
     def depth(self, queue: str) -> int:
         """Messages waiting in `queue`. Raises `BrokerUnavailable`."""
@@ -114,3 +143,7 @@ class Admission:
             return int(self._client.llen(queue))
         except redis.RedisError as exc:
             raise BrokerUnavailable(f"LLEN {queue!r} failed: {exc}") from exc
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

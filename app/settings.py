@@ -10,7 +10,15 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -111,6 +119,11 @@ class Settings(BaseSettings):
     # A received record younger than this may still be on its way onto the queue.
     received_grace_seconds: float = Field(default=5.0, ge=0)
     sweep_batch_size: int = Field(default=500, ge=1)
+    sweep_max_per_run: int = Field(default=5000, ge=1)
+    # `done` records are deleted this many days after they finished (0 keeps them forever).
+    retention_days: float = Field(default=30, ge=0)
+    retention_interval_seconds: float = Field(default=3600, gt=0)
+    retention_batch_size: int = Field(default=1000, ge=1)
     log_json: bool = False
     log_level: str = Field(default="INFO", pattern=r"^(DEBUG|INFO|WARNING|ERROR)$")
     lines: dict[str, LineSettings] = Field(default_factory=dict)
@@ -130,6 +143,17 @@ class Settings(BaseSettings):
                 raise TypeError(f"line {name!r} must be a table of settings")
             merged[name] = {**DEFAULT_LINES.get(name, {}), **override}
         return merged
+
+    @model_validator(mode="after")
+    def _stuck_after_visibility(self) -> Settings:
+        # A message a killed worker held comes back after the visibility timeout; only a
+        # record older than that (with margin) can be presumed lost from its queue.
+        if self.stuck_after_seconds < 2 * self.visibility_timeout_seconds:
+            raise ValueError(
+                "PIPELINE_STUCK_AFTER_SECONDS must be at least twice "
+                "PIPELINE_VISIBILITY_TIMEOUT_SECONDS"
+            )
+        return self
 
     @property
     def dev_mode(self) -> bool:

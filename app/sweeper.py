@@ -1,22 +1,26 @@
 """The sweeper (DESIGN §6): puts back on their queue the records that should be there.
 
-Run by the active beat, in its own process, every few seconds. Records are claimed
-(`… → enqueued`, guarded by the status they were seen in) before they are pushed, and
-put back if the push does not happen, so two sweepers never lose a record."""
+Run by the active beat, in its own process, every few seconds. Per line, and only as far
+as the line has room, it claims (`… → enqueued`) in one transaction the records that are
+due: `received` past the grace period, `deferred`, `failed` with their retry due, and
+`enqueued` ones that can no longer be on the queue (Redis lost its memory: another epoch;
+or older than the stuck threshold). Then one pipelined push per batch; what was not
+pushed is put back as it was. Two sweepers at once never lose or double-claim a record."""
 
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from sqlalchemy.exc import SQLAlchemyError
 
-from app.errors import BrokerUnavailable, JournalUnavailable, UnknownLine
+from app.errors import BrokerUnavailable, JournalUnavailable
 from app.journal import store
 from app.journal.models import Record, RecordStatus
+from app.lines import Line
 from app.logs import get_logger
 from app.runtime import Runtime
+from app.webhooks import Event
 
 log = get_logger(__name__)
 
@@ -26,79 +30,95 @@ class SweepResult:
     """What one sweep did, per line."""
 
     enqueued: dict[str, int] = field(default_factory=dict)
-    deferred: dict[str, int] = field(default_factory=dict)
+    recovered: dict[str, int] = field(default_factory=dict)
+    stuck: dict[str, int] = field(default_factory=dict)
     broker_down: bool = False
 
 
 def sweep(rt: Runtime, *, now: datetime) -> SweepResult:
-    """One pass over the journal. Raises `JournalUnavailable`; never `BrokerUnavailable`
-    (records whose push failed stay as they were, for the next pass)."""
-    grace = timedelta(seconds=rt.settings.received_grace_seconds)
-    try:
-        with rt.engine.begin() as conn:
-            due = store.due_for_enqueue(
-                conn, now=now, received_before=now - grace, limit=rt.settings.sweep_batch_size
-            )
-    except SQLAlchemyError as exc:
-        raise JournalUnavailable(f"sweep query failed: {exc}") from exc
-    by_line: dict[str, list[Record]] = defaultdict(list)
-    for record in due:
-        by_line[record.line].append(record)
+    """One pass over the journal, at most `sweep_max_per_run` records.
+
+    Raises `JournalUnavailable`; never `BrokerUnavailable` (records whose push failed stay
+    as they were, for the next pass)."""
     result = SweepResult()
-    for line_name, batch in by_line.items():
-        try:
-            _sweep_line(rt, line_name, batch, now=now, result=result)
-        except BrokerUnavailable as exc:
-            result.broker_down = True
-            log.warning("sweep_broker_down", line=line_name, error=str(exc))
-            break
-        except UnknownLine:
-            log.warning("sweep_unknown_line", line=line_name, records=len(batch))
-    if result.enqueued or result.deferred:
-        log.info("sweep_finished", enqueued=result.enqueued, deferred=result.deferred)
+    try:
+        epoch = rt.admission.epoch()
+        for line in rt.lines:
+            _sweep_line(rt, line, epoch=epoch, now=now, result=result)
+    except BrokerUnavailable as exc:
+        result.broker_down = True
+        log.warning("sweep_broker_down", error=str(exc))
+    except SQLAlchemyError as exc:
+        raise JournalUnavailable(f"sweep failed: {type(exc).__name__}: {exc}") from exc
+    for line_name, count in result.recovered.items():
+        rt.alerts.raise_event(
+            Event.RECOVERED,
+            line=line_name,
+            message=f"{count} records of {line_name!r} were lost from Redis and enqueued again",
+            count_recovered=count,
+        )
+    if result.enqueued:
+        log.info(
+            "sweep_finished",
+            enqueued=result.enqueued,
+            recovered=result.recovered,
+            stuck=result.stuck,
+        )
     return result
 
 
-def _sweep_line(
-    rt: Runtime, line_name: str, batch: list[Record], *, now: datetime, result: SweepResult
-) -> None:
-    line = rt.lines.get(line_name)
-    claimed: list[Record] = []
-    try:
+def _sweep_line(rt: Runtime, line: Line, *, epoch: str, now: datetime, result: SweepResult) -> None:
+    settings = rt.settings
+    received_before = now - timedelta(seconds=settings.received_grace_seconds)
+    stuck_before = now - timedelta(seconds=settings.stuck_after_seconds)
+    budget = settings.sweep_max_per_run
+    while budget > 0:
+        room = line.settings.max_queue_length - rt.admission.depth(line.queue)
+        limit = min(room, budget, settings.sweep_batch_size)
+        if limit <= 0:
+            return
         with rt.engine.begin() as conn:
-            for record in batch:
-                moved = store.set_status(
-                    conn, [record.id], RecordStatus.ENQUEUED, only_from=[record.status], now=now
-                )
-                if moved:
-                    claimed.append(record)
-    except SQLAlchemyError as exc:
-        raise JournalUnavailable(f"sweep claim failed: {exc}") from exc
-    if not claimed:
-        return
-    ids = [record.id for record in claimed]
+            claimed = store.claim_due(
+                conn,
+                line=line.name,
+                now=now,
+                received_before=received_before,
+                stuck_before=stuck_before,
+                epoch=epoch,
+                limit=limit,
+            )
+        if not claimed:
+            return
+        budget -= len(claimed)
+        pushed = _push(rt, line, claimed, now=now)
+        _count(result, line.name, pushed, epoch=epoch)
+        if len(pushed) < len(claimed):
+            return  # the queue filled up meanwhile
+
+
+def _push(rt: Runtime, line: Line, claimed: list[Record], *, now: datetime) -> list[Record]:
+    """Push `claimed`; put back what was not pushed. Returns the pushed records."""
     try:
-        pushed = rt.admission.push(
-            line.queue, ids, max_length=line.settings.max_queue_length
-        ).pushed
+        outcome = rt.admission.push(
+            line.queue, [r.id for r in claimed], max_length=line.settings.max_queue_length
+        )
     except BrokerUnavailable:
-        _put_back(rt, claimed, now=now)
-        raise
-    left = ids[pushed:]
-    if left:
         with rt.engine.begin() as conn:
-            store.set_status(
-                conn, left, RecordStatus.DEFERRED, only_from=[RecordStatus.ENQUEUED], now=now
-            )
-        result.deferred[line_name] = len(left)
-    if pushed:
-        result.enqueued[line_name] = pushed
-
-
-def _put_back(rt: Runtime, claimed: list[Record], *, now: datetime) -> None:
-    """Return claimed records to the status they were claimed from."""
+            store.put_back(conn, claimed, now=now)
+        raise
+    pushed, left = claimed[: outcome.pushed], claimed[outcome.pushed :]
     with rt.engine.begin() as conn:
-        for record in claimed:
-            store.set_status(
-                conn, [record.id], record.status, only_from=[RecordStatus.ENQUEUED], now=now
-            )
+        store.set_epoch(conn, [r.id for r in pushed], epoch=outcome.epoch)
+        store.put_back(conn, left, now=now)
+    return pushed
+
+
+def _count(result: SweepResult, line: str, pushed: list[Record], *, epoch: str) -> None:
+    if not pushed:
+        return
+    result.enqueued[line] = result.enqueued.get(line, 0) + len(pushed)
+    for record in pushed:
+        if record.status is not RecordStatus.ENQUEUED:
+            continue
+        bucket = result.stuck if record.queue_epoch in (None, epoch) else result.recovered
+        bucket[line] = bucket.get(line, 0) + 1

@@ -16,6 +16,7 @@ from app.clock import utcnow
 from app.errors import PipelineError
 from app.logs import get_logger
 from app.monitor import monitor
+from app.retention import purge
 from app.runtime import Runtime
 from app.sweeper import sweep
 
@@ -23,6 +24,7 @@ log = get_logger(__name__)
 
 SWEEP_ENTRY = "pipeline.sweep"
 MONITOR_ENTRY = "pipeline.monitor"
+RETENTION_ENTRY = "pipeline.retention"
 
 
 class PipelineScheduler(Scheduler):  # type: ignore[misc]  # Celery ships no type hints
@@ -33,6 +35,7 @@ class PipelineScheduler(Scheduler):  # type: ignore[misc]  # Celery ships no typ
         self._local: dict[str, Callable[[], None]] = {
             SWEEP_ENTRY: self._sweep,
             MONITOR_ENTRY: self._monitor,
+            RETENTION_ENTRY: self._retention,
         }
         super().__init__(*args, **kwargs)
 
@@ -54,6 +57,10 @@ class PipelineScheduler(Scheduler):  # type: ignore[misc]  # Celery ships no typ
                     "task": MONITOR_ENTRY,
                     "schedule": schedule(timedelta(seconds=settings.monitor_interval_seconds)),
                 },
+                RETENTION_ENTRY: {
+                    "task": RETENTION_ENTRY,
+                    "schedule": schedule(timedelta(seconds=settings.retention_interval_seconds)),
+                },
             }
         )
 
@@ -74,6 +81,9 @@ class PipelineScheduler(Scheduler):  # type: ignore[misc]  # Celery ships no typ
 
     def _monitor(self) -> None:
         monitor(self.runtime, now=utcnow())
+
+    def _retention(self) -> None:
+        purge(self.runtime, now=utcnow())
 
     def close(self) -> None:
         if self._runtime is not None:

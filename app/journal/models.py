@@ -9,6 +9,7 @@ from typing import Any
 
 from sqlalchemy import (
     JSON,
+    Boolean,
     Column,
     DateTime,
     Dialect,
@@ -100,7 +101,11 @@ records = Table(
     Column("updated_at", UtcDateTime, nullable=False),
     Column("finished_at", UtcDateTime, nullable=True),
     Column("task_id", String(64), nullable=True),
+    # The Redis epoch the record's message was pushed in (see app.admission): a record
+    # `enqueued` in an older epoch was lost with Redis's memory and is pushed again.
+    Column("queue_epoch", String(36), nullable=True),
     Index(None, "status", "next_attempt_at"),
+    Index(None, "status", "updated_at"),
     Index(None, "line", "status"),
     Index(None, "business_no"),
     Index(None, "created_at"),
@@ -143,6 +148,20 @@ sink_rows = Table(
 )
 
 
+# One row per replay: who asked, the filter, the counts (DESIGN §7; an audit trail).
+replays = Table(
+    "replays",
+    metadata,
+    Column("id", String(26), primary_key=True),
+    Column("actor", String(128), nullable=False),
+    Column("filter", Json, nullable=False),
+    Column("dry_run", Boolean, nullable=False),
+    Column("counts", Json, nullable=True),
+    Column("started_at", UtcDateTime, nullable=False),
+    Column("finished_at", UtcDateTime, nullable=True),
+)
+
+
 @dataclass(frozen=True, kw_only=True)
 class Record:
     """One journal row, as handlers, sinks and the HTTP layer see it."""
@@ -162,6 +181,7 @@ class Record:
     updated_at: datetime
     finished_at: datetime | None
     task_id: str | None
+    queue_epoch: str | None = None
 
     @classmethod
     def from_row(cls, row: Any) -> Record:

@@ -9,15 +9,16 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, func, select, update
+from sqlalchemy import Connection, and_, delete, func, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
 from app.journal.models import UNFINISHED, Record, RecordStatus, Source, records
 
 # A delivered record is done whatever happened to it meanwhile, unless it is already final.
 DONE_FROM = (*UNFINISHED,)
-# A worker only runs records that are on the queue (or on their way onto it).
-RUNNABLE = (RecordStatus.RECEIVED, RecordStatus.ENQUEUED)
+# A worker runs records that are on a queue, or may be: a `received` one on its way, a
+# `deferred` one whose older message is still queued. A `failed` one waits for its retry.
+RUNNABLE = (RecordStatus.RECEIVED, RecordStatus.ENQUEUED, RecordStatus.DEFERRED)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -185,25 +186,129 @@ def mark_failed(
     return result.rowcount == 1
 
 
-def due_for_enqueue(
-    conn: Connection, *, now: datetime, received_before: datetime, limit: int
-) -> list[Record]:
-    """Records the sweeper should put on their queue, oldest first: `received` ones older
-    than the grace period, `deferred` ones, and `failed` ones whose retry is due."""
-    query = (
-        select(records)
+def mark_enqueued(
+    conn: Connection,
+    record_ids: Sequence[str],
+    *,
+    epoch: str,
+    only_from: Sequence[RecordStatus],
+    now: datetime,
+) -> int:
+    """`… → enqueued` in `epoch`, for the records in one of `only_from`."""
+    if not record_ids:
+        return 0
+    result = conn.execute(
+        update(records)
         .where(
-            (
-                (records.c.status == RecordStatus.RECEIVED.value)
-                & (records.c.created_at < received_before)
-            )
-            | (records.c.status == RecordStatus.DEFERRED.value)
-            | ((records.c.status == RecordStatus.FAILED.value) & (records.c.next_attempt_at <= now))
+            records.c.id.in_(list(record_ids)),
+            records.c.status.in_([s.value for s in only_from]),
         )
-        .order_by(records.c.id)
-        .limit(limit)
+        .values(status=RecordStatus.ENQUEUED.value, queue_epoch=epoch, updated_at=now)
     )
-    return [Record.from_row(row) for row in conn.execute(query)]
+    return result.rowcount
+
+
+def set_epoch(conn: Connection, record_ids: Sequence[str], *, epoch: str) -> int:
+    """Record the epoch of claimed records once their push happened."""
+    if not record_ids:
+        return 0
+    result = conn.execute(
+        update(records)
+        .where(
+            records.c.id.in_(list(record_ids)),
+            records.c.status == RecordStatus.ENQUEUED.value,
+            records.c.queue_epoch.is_(None),
+        )
+        .values(queue_epoch=epoch)
+    )
+    return result.rowcount
+
+
+def claim_due(
+    conn: Connection,
+    *,
+    line: str,
+    now: datetime,
+    received_before: datetime,
+    stuck_before: datetime,
+    epoch: str,
+    limit: int,
+) -> list[Record]:
+    """Claim, oldest first, the records of `line` that should be put on its queue: `received`
+    ones older than the grace period, `deferred` ones, `failed` ones whose retry is due, and
+    `enqueued` ones that can no longer be on the queue (pushed in another epoch, or older
+    than the stuck threshold). They become `enqueued` with no epoch until pushed.
+
+    Returns them as they were before the claim. Safe with concurrent sweepers: the rows are
+    locked (`FOR UPDATE SKIP LOCKED` on PostgreSQL; SQLite serialises writers) and every
+    update is guarded by the status it was read in."""
+    due = or_(
+        and_(
+            records.c.status == RecordStatus.RECEIVED.value,
+            records.c.created_at < received_before,
+        ),
+        records.c.status == RecordStatus.DEFERRED.value,
+        and_(
+            records.c.status == RecordStatus.FAILED.value,
+            records.c.next_attempt_at <= now,
+        ),
+        and_(
+            records.c.status == RecordStatus.ENQUEUED.value,
+            or_(records.c.queue_epoch != epoch, records.c.updated_at < stuck_before),
+        ),
+    )
+    query = select(records).where(records.c.line == line, due).order_by(records.c.id).limit(limit)
+    if conn.dialect.name == "postgresql":
+        query = query.with_for_update(skip_locked=True)
+    claimed = [Record.from_row(row) for row in conn.execute(query)]
+    by_status: dict[RecordStatus, list[str]] = {}
+    for record in claimed:
+        by_status.setdefault(record.status, []).append(record.id)
+    for status, ids in by_status.items():
+        conn.execute(
+            update(records)
+            .where(records.c.id.in_(ids), records.c.status == status.value)
+            .values(status=RecordStatus.ENQUEUED.value, queue_epoch=None, updated_at=now)
+        )
+    return claimed
+
+
+def put_back(conn: Connection, claimed: Sequence[Record], *, now: datetime) -> None:
+    """Return claimed records that were not pushed to the status (and epoch) they had."""
+    groups: dict[tuple[RecordStatus, str | None], list[str]] = {}
+    for record in claimed:
+        groups.setdefault((record.status, record.queue_epoch), []).append(record.id)
+    for (status, epoch), ids in groups.items():
+        conn.execute(
+            update(records)
+            .where(
+                records.c.id.in_(ids),
+                records.c.status == RecordStatus.ENQUEUED.value,
+                records.c.queue_epoch.is_(None),
+            )
+            .values(status=status.value, queue_epoch=epoch, updated_at=now)
+        )
+
+
+def delete_done_before(conn: Connection, *, before: datetime, limit: int) -> int:
+    """Delete up to `limit` `done` records finished before `before`. Never an unfinished one."""
+    ids = list(
+        conn.execute(
+            select(records.c.id)
+            .where(
+                records.c.status == RecordStatus.DONE.value,
+                records.c.finished_at < before,
+            )
+            .order_by(records.c.id)
+            .limit(limit)
+        ).scalars()
+    )
+    if not ids:
+        return 0
+    result = conn.execute(
+        delete(records).where(records.c.id.in_(ids), records.c.status == RecordStatus.DONE.value)
+    )
+    return result.rowcount
 
 
 def counts_by_status(conn: Connection, *, line: str | None = None) -> dict[str, dict[str, int]]:

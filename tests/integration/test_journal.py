@@ -17,6 +17,7 @@ from app.ids import new_id
 from app.journal import store
 from app.journal.models import RecordStatus, Source
 from app.journal.store import NewRecord
+from app.retention import purge
 from app.runner import run_record
 from app.sweeper import sweep
 
@@ -92,9 +93,9 @@ def test_sweeper_pushes_old_received_records_oldest_first_within_the_bound(harne
         )
     result = sweep(rt, now=utcnow())
     assert result.enqueued == {"order": 3}
-    assert result.deferred == {"order": 2}
     statuses = {r.id: r.status for r in harness.records()}
-    assert [statuses[i] for i in ids] == [RecordStatus.ENQUEUED] * 3 + [RecordStatus.DEFERRED] * 2
+    # Only as many as there is room for are claimed; the rest wait, untouched, in order.
+    assert [statuses[i] for i in ids] == [RecordStatus.ENQUEUED] * 3 + [RecordStatus.RECEIVED] * 2
     assert statuses[fresh.id] is RecordStatus.RECEIVED  # inside its grace period: left alone
     assert rt.redis.llen("order") == 3
     # Oldest first: the worker pops from the tail, and the tail is the oldest record.
@@ -114,3 +115,68 @@ def test_celerys_own_publish_path_cannot_bypass_the_bound(harness):
     finally:
         celery.close()
     assert rt.redis.llen("order") == 0
+
+
+def test_records_lost_with_redis_memory_are_enqueued_again_and_recovered_is_raised(harness):
+    rt = harness.runtime()
+    now = utcnow()
+    ids = []
+    with rt.engine.begin() as conn:
+        for n in range(4):
+            record, _ = store.insert_record(conn, new_record("refund", f"R-{n}", now=now), now=now)
+            ids.append(record.id)
+    epoch = rt.admission.push("refund", ids, max_length=100).epoch
+    with rt.engine.begin() as conn:
+        store.mark_enqueued(conn, ids, epoch=epoch, only_from=[RecordStatus.RECEIVED], now=now)
+    assert sweep(rt, now=utcnow()).enqueued == {}  # all on the queue: nothing to do
+
+    rt.redis.flushall()  # the queue, and the epoch, are gone
+    result = sweep(rt, now=utcnow())
+    assert result.recovered == {"refund": 4}
+    assert rt.redis.llen("refund") == 4
+    stored = {r.id: r for r in harness.records()}
+    new_epoch = rt.admission.epoch()
+    assert new_epoch != epoch
+    assert {stored[i].queue_epoch for i in ids} == {new_epoch}
+    assert sweep(rt, now=utcnow()).enqueued == {}
+
+
+def test_an_enqueued_record_older_than_the_stuck_threshold_is_pushed_again(harness):
+    rt = harness.runtime()
+    long_ago = utcnow() - timedelta(seconds=rt.settings.stuck_after_seconds + 5)
+    with rt.engine.begin() as conn:
+        record, _ = store.insert_record(
+            conn, new_record("order", "S-1", now=long_ago), now=long_ago
+        )
+        store.mark_enqueued(
+            conn,
+            [record.id],
+            epoch=rt.admission.epoch(),
+            only_from=[RecordStatus.RECEIVED],
+            now=long_ago,
+        )
+    result = sweep(rt, now=utcnow())
+    assert result.stuck == {"order": 1}
+    assert result.recovered == {}
+    assert rt.redis.llen("order") == 1
+
+
+def test_retention_deletes_old_done_records_only(harness):
+    harness.configure(retention_days="1", retention_batch_size="2")
+    rt = harness.runtime()
+    old = utcnow() - timedelta(days=3)
+    keep, gone = [], []
+    with rt.engine.begin() as conn:
+        for n in range(5):
+            record, _ = store.insert_record(conn, new_record("order", f"D-{n}", now=old), now=old)
+            store.mark_done(conn, record.id, now=old)
+            gone.append(record.id)
+        for status in (RecordStatus.FAILED, RecordStatus.DEAD, RecordStatus.RECEIVED):
+            record, _ = store.insert_record(conn, new_record("order", status, now=old), now=old)
+            store.set_status(conn, [record.id], status, only_from=[RecordStatus.RECEIVED], now=old)
+            keep.append(record.id)
+        fresh, _ = store.insert_record(conn, new_record("order", "NEW", now=utcnow()), now=utcnow())
+        store.mark_done(conn, fresh.id, now=utcnow())
+        keep.append(fresh.id)
+    assert purge(rt, now=utcnow()) == 5
+    assert sorted(r.id for r in harness.records()) == sorted(keep)
