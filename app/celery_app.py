@@ -59,6 +59,10 @@ def create_celery(settings: Settings) -> PipelineCelery:
             "socket_timeout": SOCKET_TIMEOUT_S,
             "retry_on_timeout": True,
             "brpop_timeout": BRPOP_TIMEOUT_S,
+            # kombu returns a dead worker's unacked messages only when a sweep finds them
+            # past the visibility timeout; its default sweep runs every 10 x 10 s.
+            "unacked_restore_interval": max(1, min(10, settings.visibility_timeout_seconds // 4)),
+            "unacked_restore_throttle": 1,
         },
         result_backend=None,
         task_ignore_result=True,

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import getpass
 import os
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated
 
@@ -13,6 +15,7 @@ from rich.table import Table
 from sqlalchemy.exc import SQLAlchemyError
 
 from app.errors import ConfigError, PipelineError
+from app.journal.models import RecordStatus
 from app.logs import configure_logging
 from app.settings import Settings, load_settings
 
@@ -148,6 +151,77 @@ def status() -> None:
             row.line, f"{depth} / {row.max_queue_length}", row.overflow, live, counts, age
         )
     Console().print(table)
+
+
+def _time_option(value: str | None, name: str) -> datetime | None:
+    if value is None:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        raise typer.BadParameter(f"{value!r} is not an ISO 8601 time", param_hint=name) from None
+    return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed
+
+
+@cli.command()
+def replay(
+    line: Annotated[str | None, typer.Option(help="Only this line.")] = None,
+    since: Annotated[str | None, typer.Option(help="Created at or after (ISO 8601).")] = None,
+    until: Annotated[str | None, typer.Option(help="Created before (ISO 8601).")] = None,
+    business_no: Annotated[
+        list[str] | None, typer.Option("--business-no", help="Repeat for several.")
+    ] = None,
+    status: Annotated[
+        list[RecordStatus] | None,
+        typer.Option(help="Repeat for several; default: every status but done."),
+    ] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Count, change nothing.")] = False,
+) -> None:
+    """Put records that did not finish back on their queues, skipping what downstream has."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn  # noqa: PLC0415
+
+    from app.clock import utcnow  # noqa: PLC0415
+    from app.replay import DEFAULT_STATUSES, ReplayFilter, count_matching  # noqa: PLC0415
+    from app.replay import replay as run_replay  # noqa: PLC0415
+    from app.runtime import Runtime  # noqa: PLC0415
+
+    where = ReplayFilter(
+        line=line,
+        since=_time_option(since, "--since"),
+        until=_time_option(until, "--until"),
+        business_nos=business_no or (),
+        statuses=status or DEFAULT_STATUSES,
+    )
+    rt = Runtime.build(_settings())
+    try:
+        if line is not None:
+            rt.lines.get(line)
+        total = count_matching(rt, where)
+        columns = (TextColumn("replay"), BarColumn(), MofNCompleteColumn())
+        with Progress(*columns, console=Console(stderr=True)) as progress:
+            task = progress.add_task("replay", total=total)
+            counts = run_replay(
+                rt,
+                where,
+                dry_run=dry_run,
+                actor=f"cli:{getpass.getuser()}",
+                clock=utcnow,
+                on_page=lambda n: progress.advance(task, n),
+            )
+        rt.alerts.flush(timeout_s=5)
+    finally:
+        rt.close()
+    table = Table("matched", "enqueued", "deferred", "skipped (done)", "skipped (downstream has)")
+    table.add_row(
+        str(counts.matched),
+        str(counts.enqueued),
+        str(counts.deferred),
+        str(counts.skipped_done),
+        str(counts.skipped_synced),
+    )
+    Console().print(table)
+    if dry_run:
+        print("dry run: nothing was changed")
 
 
 @db_cli.command("upgrade")

@@ -55,6 +55,8 @@ class LineSettings(BaseModel):
     backoff_initial_s: float = Field(default=2.0, gt=0)
     backoff_max_s: float = Field(default=600.0, gt=0)
     downstream_url: str | None = Field(default=None, pattern=r"^https?://\S+$")
+    # Replay asks it whether downstream has a business number: 200 yes, 404 no.
+    check_url: str | None = Field(default=None, pattern=r"^https?://\S*\{business_no\}\S*$")
     handler: str | None = None
     payload_schema: str = "app.payloads:Payload"
 

@@ -27,18 +27,19 @@ def _insert(conn: Connection, table: Table) -> Any:
     return dialect.insert(table)
 
 
-def _aware(value: datetime) -> datetime:
+def occurred_at(record: Record) -> datetime:
+    """A status record's `occurred_at`, in UTC (a time without zone is taken as UTC)."""
+    value = datetime.fromisoformat(str(record.payload["occurred_at"]))
     return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
 def write_table_sink(conn: Connection, record: Record, *, now: datetime) -> None:
     """Upsert `record` into its line's table. Never moves an order's status backwards."""
     if record.line == "status":
-        occurred_at = _aware(datetime.fromisoformat(str(record.payload["occurred_at"])))
         statement = _insert(conn, order_status).values(
             business_no=record.business_no,
             status=str(record.payload["status"]),
-            occurred_at=occurred_at,
+            occurred_at=occurred_at(record),
             record_id=record.id,
             updated_at=now,
         )

@@ -12,6 +12,7 @@ from typing import Annotated, Any
 import anyio
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import text
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.concurrency import run_in_threadpool
@@ -31,6 +32,7 @@ from app.intake.signing import Caller, verify
 from app.journal import store
 from app.journal.models import RecordStatus, Source
 from app.journal.store import NewRecord, RecordFilter
+from app.replay import DEFAULT_STATUSES, ReplayFilter, replay
 from app.runner import run_record
 from app.runtime import Runtime
 from app.status import line_statuses, public
@@ -180,6 +182,47 @@ def list_records(
     return {
         "items": [record.public() for record in page],
         "next": page[-1].id if len(items) > limit else None,
+    }
+
+
+class ReplayRequest(BaseModel):
+    """The body of `POST /v1/replay`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    line: str | None = None
+    since: datetime | None = None
+    until: datetime | None = None
+    business_nos: list[Annotated[str, Field(max_length=128)]] = Field(
+        default_factory=list, max_length=10_000
+    )
+    statuses: list[RecordStatus] = Field(default_factory=list)
+    dry_run: bool = False
+
+
+@router.post("/v1/replay", dependencies=[Depends(require_admin)])
+async def post_replay(body: ReplayRequest, request: Request, rt: RuntimeDep) -> dict[str, Any]:
+    """Replay records (admin): counts matched / enqueued / deferred / skipped."""
+    if body.line is not None:
+        rt.lines.get(body.line)
+    where = ReplayFilter(
+        line=body.line,
+        since=body.since,
+        until=body.until,
+        business_nos=body.business_nos,
+        statuses=body.statuses or DEFAULT_STATUSES,
+    )
+    client = request.client.host if request.client else "unknown"
+    counts = await run_in_threadpool(
+        replay, rt, where, dry_run=body.dry_run, actor=f"http:{client}", clock=utcnow
+    )
+    return {
+        "matched": counts.matched,
+        "enqueued": counts.enqueued,
+        "deferred": counts.deferred,
+        "skipped_already_done": counts.skipped_done,
+        "skipped_already_synced": counts.skipped_synced,
+        "dry_run": body.dry_run,
     }
 
 

@@ -91,13 +91,7 @@ def get_by_dedup_key(conn: Connection, dedup_key: str) -> Record | None:
     return Record.from_row(row) if row else None
 
 
-def list_records(
-    conn: Connection, where: RecordFilter, *, limit: int, after: str | None = None
-) -> list[Record]:
-    """Records matching `where`, by id, after the cursor `after` (keyset pagination)."""
-    query = select(records).order_by(records.c.id).limit(limit)
-    if after:
-        query = query.where(records.c.id > after)
+def _filtered(query: Any, where: RecordFilter) -> Any:
     if where.line:
         query = query.where(records.c.line == where.line)
     if where.statuses:
@@ -110,6 +104,22 @@ def list_records(
         query = query.where(records.c.created_at >= where.since)
     if where.until:
         query = query.where(records.c.created_at < where.until)
+    return query
+
+
+def count_records(conn: Connection, where: RecordFilter) -> int:
+    """How many records match `where`."""
+    query = _filtered(select(func.count()).select_from(records), where)
+    return int(conn.execute(query).scalar_one())
+
+
+def list_records(
+    conn: Connection, where: RecordFilter, *, limit: int, after: str | None = None
+) -> list[Record]:
+    """Records matching `where`, by id, after the cursor `after` (keyset pagination)."""
+    query = _filtered(select(records).order_by(records.c.id).limit(limit), where)
+    if after:
+        query = query.where(records.c.id > after)
     return [Record.from_row(row) for row in conn.execute(query)]
 
 

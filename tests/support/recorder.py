@@ -20,6 +20,7 @@ class Received:
     raw: bytes = b""
     query: dict[str, str] = field(default_factory=dict)
     at_s: float = 0.0  # monotonic time of arrival
+    answered: int = 0  # the status code the recorder answered with
 
 
 @dataclass
@@ -54,8 +55,8 @@ class Recorder:
                     at_s=time.monotonic(),
                 )
                 with recorder.lock:
+                    status = received.answered = recorder.status
                     recorder.received.append(received)
-                    status = recorder.status
                 self.send_response(status)
                 self.send_header("content-length", "0")
                 self.end_headers()

@@ -1,0 +1,251 @@
+"""Replay (DESIGN §7, §9): put journal records back on their queues, by line, time range,
+business numbers and statuses, skipping those already `done` and those downstream already
+has. Streams through the journal in keyset pages (flat memory), respects each line's bound
+(what does not fit is `deferred` for the sweeper), and leaves an audit row."""
+
+from __future__ import annotations
+
+import urllib.parse
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+
+import httpx
+from sqlalchemy import Connection, insert, select, update
+from sqlalchemy.exc import SQLAlchemyError
+
+from app.errors import JournalUnavailable
+from app.ids import new_id
+from app.journal import store
+from app.journal.models import (
+    UNFINISHED,
+    Record,
+    RecordStatus,
+    order_status,
+    records,
+    replays,
+    sink_rows,
+)
+from app.journal.store import RecordFilter
+from app.lines import Line
+from app.logs import get_logger
+from app.runtime import Runtime
+from app.sinks import KEYED_TABLES, occurred_at
+from app.webhooks import Event
+
+log = get_logger(__name__)
+
+PAGE_SIZE = 1000
+# By default replay takes everything that is not done.
+DEFAULT_STATUSES = (*UNFINISHED, RecordStatus.DEAD, RecordStatus.REJECTED)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReplayFilter:
+    """Which records to replay."""
+
+    line: str | None = None
+    since: datetime | None = None
+    until: datetime | None = None
+    business_nos: Sequence[str] = ()
+    statuses: Sequence[RecordStatus] = DEFAULT_STATUSES
+
+    def record_filter(self) -> RecordFilter:
+        return RecordFilter(
+            line=self.line,
+            statuses=self.statuses,
+            business_nos=self.business_nos,
+            since=self.since,
+            until=self.until,
+        )
+
+    def describe(self) -> dict[str, object]:
+        return {
+            "line": self.line,
+            "since": self.since.isoformat() if self.since else None,
+            "until": self.until.isoformat() if self.until else None,
+            "business_nos": list(self.business_nos),
+            "statuses": [s.value for s in self.statuses],
+        }
+
+
+@dataclass(kw_only=True)
+class ReplayCounts:
+    """What a replay found and did (in a dry run: what it would do)."""
+
+    matched: int = 0
+    enqueued: int = 0
+    deferred: int = 0
+    skipped_done: int = 0
+    skipped_synced: int = 0
+    by_line: dict[str, int] = field(default_factory=dict)
+
+
+def count_matching(rt: Runtime, where: ReplayFilter) -> int:
+    """How many records `where` selects (for a progress bar)."""
+    with rt.engine.connect() as conn:
+        return store.count_records(conn, where.record_filter())
+
+
+def replay(
+    rt: Runtime,
+    where: ReplayFilter,
+    *,
+    dry_run: bool,
+    actor: str,
+    clock: Callable[[], datetime],
+    on_page: Callable[[int], None] | None = None,
+) -> ReplayCounts:
+    """Replay the records `where` selects. Raises `JournalUnavailable`, `BrokerUnavailable`."""
+    counts = ReplayCounts()
+    replay_id = new_id(clock())
+    try:
+        with rt.engine.begin() as conn:
+            conn.execute(
+                insert(replays).values(
+                    id=replay_id,
+                    actor=actor[:128],
+                    filter=where.describe(),
+                    dry_run=dry_run,
+                    started_at=clock(),
+                )
+            )
+        cursor: str | None = None
+        while True:
+            with rt.engine.connect() as conn:
+                page = store.list_records(
+                    conn, where.record_filter(), limit=PAGE_SIZE, after=cursor
+                )
+            if not page:
+                break
+            cursor = page[-1].id
+            _replay_page(rt, page, counts, dry_run=dry_run, clock=clock)
+            if on_page:
+                on_page(len(page))
+        with rt.engine.begin() as conn:
+            conn.execute(
+                update(replays)
+                .where(replays.c.id == replay_id)
+                .values(counts=asdict(counts), finished_at=clock())
+            )
+    except SQLAlchemyError as exc:
+        raise JournalUnavailable(f"replay failed: {type(exc).__name__}") from exc
+    log.info("replay_finished", replay_id=replay_id, dry_run=dry_run, **asdict(counts))
+    rt.alerts.raise_event(
+        Event.REPLAY_FINISHED,
+        line=where.line,
+        message=f"replay{' (dry run)' if dry_run else ''} by {actor}: {counts.matched} matched, "
+        f"{counts.enqueued} enqueued, {counts.deferred} deferred, "
+        f"{counts.skipped_done + counts.skipped_synced} skipped",
+        replay_id=replay_id,
+        dry_run=dry_run,
+        matched=counts.matched,
+        enqueued=counts.enqueued,
+        deferred=counts.deferred,
+        skipped_done=counts.skipped_done,
+        skipped_synced=counts.skipped_synced,
+    )
+    return counts
+
+
+def _replay_page(
+    rt: Runtime,
+    page: list[Record],
+    counts: ReplayCounts,
+    *,
+    dry_run: bool,
+    clock: Callable[[], datetime],
+) -> None:
+    counts.matched += len(page)
+    by_line: dict[str, list[Record]] = {}
+    for record in page:
+        if record.status is RecordStatus.DONE:
+            counts.skipped_done += 1
+        else:
+            by_line.setdefault(record.line, []).append(record)
+    for line_name, batch in by_line.items():
+        line = rt.lines.get(line_name)
+        synced = _downstream_has(rt, line, batch)
+        todo = [r for r in batch if r.id not in synced]
+        counts.skipped_synced += len(batch) - len(todo)
+        if dry_run:
+            counts.enqueued += len(todo)
+            continue
+        now = clock()
+        with rt.engine.begin() as conn:
+            for record_id in synced:
+                store.mark_done(conn, record_id, now=now)
+            _claim_for_replay(conn, todo, now=now)
+        outcome = rt.admission.push(
+            line.queue, [r.id for r in todo], max_length=line.settings.max_queue_length
+        )
+        pushed = [r.id for r in todo[: outcome.pushed]]
+        left = [r.id for r in todo[outcome.pushed :]]
+        with rt.engine.begin() as conn:
+            store.set_epoch(conn, pushed, epoch=outcome.epoch)
+            store.set_status(
+                conn, left, RecordStatus.DEFERRED, only_from=[RecordStatus.ENQUEUED], now=now
+            )
+        counts.enqueued += len(pushed)
+        counts.deferred += len(left)
+        counts.by_line[line_name] = counts.by_line.get(line_name, 0) + len(pushed) + len(left)
+
+
+def _claim_for_replay(conn: Connection, todo: list[Record], *, now: datetime) -> None:
+    """`… → enqueued` with a fresh set of attempts, guarded by the status each was read in."""
+    by_status: dict[RecordStatus, list[str]] = {}
+    for record in todo:
+        by_status.setdefault(record.status, []).append(record.id)
+    for status, ids in by_status.items():
+        conn.execute(
+            update(records)
+            .where(records.c.id.in_(ids), records.c.status == status.value)
+            .values(
+                status=RecordStatus.ENQUEUED.value,
+                attempts=0,
+                next_attempt_at=None,
+                finished_at=None,
+                queue_epoch=None,
+                updated_at=now,
+            )
+        )
+
+
+def _downstream_has(rt: Runtime, line: Line, batch: list[Record]) -> set[str]:
+    """Ids of the records of `batch` whose effect downstream already has."""
+    if line.handler is not None:
+        return set()  # a custom handler has no way to tell: replay it (it is idempotent)
+    if line.settings.downstream_url:
+        template = line.settings.check_url
+        return {r.id for r in batch if template and _http_has(rt.http, template, r)}
+    business_nos = list({r.business_no for r in batch})
+    with rt.engine.connect() as conn:
+        if line.name == "status":
+            rows = conn.execute(
+                select(order_status.c.business_no, order_status.c.occurred_at).where(
+                    order_status.c.business_no.in_(business_nos)
+                )
+            )
+            newest: dict[str, datetime] = {row[0]: row[1] for row in rows.tuples()}
+            return {
+                r.id
+                for r in batch
+                if r.business_no in newest and newest[r.business_no] >= occurred_at(r)
+            }
+        table = KEYED_TABLES.get(line.name)
+        if table is not None:
+            query = select(table.c.business_no).where(table.c.business_no.in_(business_nos))
+        else:
+            query = select(sink_rows.c.business_no).where(
+                sink_rows.c.line == line.name, sink_rows.c.business_no.in_(business_nos)
+            )
+        have = set(conn.execute(query).scalars())
+    return {r.id for r in batch if r.business_no in have}
+
+
+def _http_has(client: httpx.Client, template: str, record: Record) -> bool:
+    url = template.replace("{business_no}", urllib.parse.quote(record.business_no, safe=""))
+    try:
+        return client.get(url).status_code == 200
+    except httpx.HTTPError:
+        return False  # cannot tell: replay it (the sink is idempotent)

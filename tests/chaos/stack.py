@@ -1,0 +1,219 @@
+"""A whole pipeline for chaos tests: its own Redis on a free port (so it can be killed and
+restarted), intake, worker and beat processes, a recording downstream, concurrent clients
+that retry what they were never answered, and the ledger check at the end."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import httpx
+
+from app.embedded_redis import RedisServer
+from app.journal.models import RecordStatus
+from tests.support.harness import Harness
+from tests.support.processes import Component, free_port, wait_for
+from tests.support.recorder import Recorder
+
+LINES = ("order", "refund", "status")
+BASE_TIME = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+@dataclass
+class Accepted:
+    line: str
+    business_no: str
+    record_id: str
+    occurred_at: datetime | None = None
+    status: str | None = None
+
+
+@dataclass
+class Ledger:
+    """Every 2xx answer the clients got."""
+
+    accepted: list[Accepted] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    retries: int = 0
+
+    def add(self, item: Accepted) -> None:
+        with self.lock:
+            self.accepted.append(item)
+
+    def count(self) -> int:
+        with self.lock:
+            return len(self.accepted)
+
+
+class ChaosStack:
+    """order: table sink; refund: HTTP sink (the recorder); status: table sink."""
+
+    def __init__(self, harness: Harness, tmp_path: Path) -> None:
+        self.harness = harness
+        self.redis = RedisServer(port=free_port(), workdir=tmp_path / "redis")
+        self.recorder = Recorder().start()
+        self.intake_port = free_port()
+        self.intake: Component | None = None
+        self.workers: dict[str, Component] = {}
+        self.beat: Component | None = None
+        self.ledger = Ledger()
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.intake_port}"
+
+    def start(self, **settings: str) -> ChaosStack:
+        self.redis.start()
+        self.harness.configure(
+            redis_url=self.redis.url,
+            intake_port=str(self.intake_port),
+            lines__refund__downstream_url=f"{self.recorder.url}/refunds",
+            visibility_timeout_seconds="4",
+            stuck_after_seconds="10",
+            sweep_interval_seconds="0.5",
+            received_grace_seconds="2",
+            **settings,
+        )
+        self.start_intake()
+        for line in LINES:
+            self.start_worker(line)
+        self.beat = self.harness.start_beat()
+        return self
+
+    def start_intake(self) -> None:
+        self.intake = self.harness.run("intake")
+        wait_for(self._intake_ready, timeout_s=30, what="the intake to listen")
+
+    def _intake_ready(self) -> bool:
+        try:
+            return httpx.get(f"{self.base_url}/healthz", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def start_worker(self, line: str) -> Component:
+        self.workers[line] = self.harness.start_worker(line, pool="prefork", concurrency=2)
+        return self.workers[line]
+
+    def stop(self) -> None:
+        self.recorder.stop()
+        self.redis.stop()
+
+    # Load.
+
+    def _post(self, client: httpx.Client, line: str, body: dict[str, object]) -> dict[str, str]:
+        """Post until answered 2xx; the same nonce on every try (DESIGN §7 dedup)."""
+        headers = {"x-nonce": uuid.uuid4().hex}
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                response = client.post(f"/v1/{line}", json=body, headers=headers)
+                if response.status_code in (200, 202):
+                    answer: dict[str, str] = response.json()
+                    return answer
+                assert response.status_code == 503, response.text
+            except httpx.TransportError:
+                pass
+            with self.ledger.lock:
+                self.ledger.retries += 1
+            assert time.monotonic() < deadline, f"no 2xx for {line} {body} within 120 s"
+            time.sleep(0.2)
+
+    def load(self, total: int = 2100, *, clients: int = 16) -> None:
+        """Post `total` records across the three lines from concurrent clients."""
+        rng = random.Random(total)
+
+        def produce(client_no: int) -> None:
+            with httpx.Client(base_url=self.base_url, timeout=10) as client:
+                for n in range(client_no, total, clients):
+                    line = LINES[n % 3]
+                    body: dict[str, object] = {"business_no": f"{line[0].upper()}-{n}"}
+                    occurred_at = None
+                    if line == "status":
+                        body["business_no"] = f"S-{n % 97}"
+                        occurred_at = BASE_TIME + timedelta(seconds=rng.randrange(10**6))
+                        body |= {"status": f"st-{n}", "occurred_at": occurred_at.isoformat()}
+                    answer = self._post(client, line, body)
+                    self.ledger.add(
+                        Accepted(
+                            line,
+                            str(body["business_no"]),
+                            answer["id"],
+                            occurred_at,
+                            str(body.get("status")) if line == "status" else None,
+                        )
+                    )
+
+        with ThreadPoolExecutor(clients) as pool:
+            list(pool.map(produce, range(clients)))
+
+    def load_with_fault(self, fault, *, total: int = 2100, after: int = 500) -> None:
+        """Run `fault()` once `after` records have been accepted, while the load goes on."""
+        errors: list[BaseException] = []
+
+        def trigger() -> None:
+            try:
+                wait_for(lambda: self.ledger.count() >= after, timeout_s=120, what="load")
+                fault()
+            except BaseException as exc:  # noqa: BLE001 - reported to the test below
+                errors.append(exc)
+
+        thread = threading.Thread(target=trigger)
+        thread.start()
+        self.load(total)
+        thread.join(timeout=300)
+        assert not errors, errors
+
+    # The ledger.
+
+    def check(self, *, timeout_s: float = 180) -> dict[str, int]:
+        """Every accepted record done; every refund delivered; one table row per
+        business_no, at the newest status. Returns the figures."""
+        accepted = list(self.ledger.accepted)
+        ids = {a.record_id for a in accepted}
+        assert len(ids) == len(accepted), "two answers named the same record"
+        final = self.harness.wait_until_final(ids, timeout_s=timeout_s)
+        not_done = [r for r in final.values() if r.status is not RecordStatus.DONE]
+        assert not not_done, f"{len(not_done)} accepted records did not end done"
+
+        refunds = {a.record_id for a in accepted if a.line == "refund"}
+        deliveries = [
+            r.body["id"]
+            for r in self.recorder.snapshot()
+            if r.path == "/refunds" and r.answered < 300
+        ]
+        delivered = set(deliveries)
+        lost = refunds - delivered
+
+        orders = {a.business_no: a.record_id for a in accepted if a.line == "order"}
+        rows = self.harness.rows("SELECT business_no, record_id FROM orders")
+        assert len(rows) == len({row[0] for row in rows})
+        assert {row[0] for row in rows} == set(orders)
+        lost |= {orders[bn] for bn in set(orders) - {row[0] for row in rows}}
+
+        newest: dict[str, Accepted] = {}
+        for a in accepted:
+            if a.line == "status" and a.occurred_at is not None:
+                if a.business_no not in newest or a.occurred_at > newest[a.business_no].occurred_at:  # type: ignore[operator]
+                    newest[a.business_no] = a
+        status_rows = {
+            row[0]: row[1]
+            for row in self.harness.rows("SELECT business_no, status FROM order_status")
+        }
+        assert status_rows == {bn: a.status for bn, a in newest.items()}
+
+        figures = {
+            "accepted": len(accepted),
+            "done": len(final) - len(not_done),
+            "lost": len(lost),
+            "duplicate_deliveries": len(deliveries) - len(delivered),
+            "client_retries": self.ledger.retries,
+        }
+        print(f"\nledger: {figures}")
+        assert not lost, f"lost: {sorted(lost)[:10]}"
+        return figures

@@ -1,0 +1,170 @@
+"""Nothing lost, proven: ≥ 2,000 records posted by concurrent clients while a fault happens,
+then the ledger check (every accepted record done, delivered, one row per business_no)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.support.processes import wait_for
+
+
+def kill_group(pid: int) -> None:
+    os.killpg(pid, signal.SIGKILL)
+
+
+def test_worker_killed_twice_mid_processing_loses_nothing(chaos):
+    chaos.start()
+
+    def fault() -> None:
+        for _ in range(2):
+            worker = chaos.workers["refund"]
+            kill_group(worker.pid)
+            worker.process.wait(timeout=10)
+            time.sleep(1)
+            chaos.start_worker("refund")
+            time.sleep(2)
+        kill_group(chaos.workers["order"].pid)
+        chaos.workers["order"].process.wait(timeout=10)
+        chaos.start_worker("order")
+
+    chaos.load_with_fault(fault)
+    chaos.check()
+
+
+def test_intake_killed_mid_load_clients_retry_with_the_same_nonce(chaos):
+    chaos.start()
+
+    def fault() -> None:
+        kill_group(chaos.intake.pid)
+        chaos.intake.process.wait(timeout=10)
+        time.sleep(1)
+        chaos.start_intake()
+
+    chaos.load_with_fault(fault)
+    figures = chaos.check()
+    assert figures["client_retries"] > 0
+
+
+def test_redis_killed_and_restarted_empty_mid_load(chaos):
+    chaos.start()
+
+    def fault() -> None:
+        chaos.redis.process.kill()
+        chaos.redis.process.wait(timeout=10)
+        time.sleep(2)
+        chaos.redis.start()
+
+    chaos.load_with_fault(fault)
+    chaos.check()
+
+
+def test_flushall_mid_load(chaos):
+    chaos.start()
+
+    def fault() -> None:
+        client = chaos.redis.client()
+        try:
+            client.flushall()
+        finally:
+            client.close()
+
+    chaos.load_with_fault(fault)
+    chaos.check()
+
+
+def postgres_restart_command() -> list[str] | None:
+    versions = Path("/etc/postgresql")
+    if shutil.which("pg_ctlcluster") is None or not versions.is_dir() or os.geteuid() != 0:
+        return None
+    version = sorted(p.name for p in versions.iterdir())[-1]
+    return ["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", "restart"]
+
+
+def test_database_restarted_mid_load(chaos):
+    if chaos.harness.env["PIPELINE_DATABASE_URL"].startswith("sqlite"):
+        pytest.skip(
+            "the journal is SQLite, embedded in each process: there is no server to restart"
+        )
+    command = postgres_restart_command()
+    if command is None:
+        pytest.skip("cannot restart PostgreSQL here (needs root and pg_ctlcluster)")
+    chaos.start()
+
+    def fault() -> None:
+        subprocess.run(command, check=True, timeout=120, capture_output=True)
+
+    chaos.load_with_fault(fault)
+    chaos.check()
+
+
+def test_downstream_failing_for_20_seconds_then_every_record_ends_done(chaos):
+    chaos.recorder.status = 500
+    chaos.start(
+        lines__refund__max_attempts="40",
+        lines__refund__backoff_initial_s="0.5",
+        lines__refund__backoff_max_s="2",
+    )
+    started = time.monotonic()
+    healed = threading_timer(20, lambda: setattr(chaos.recorder, "status", 200))
+    try:
+        chaos.load()
+        assert time.monotonic() - started < 20  # the load happened while it failed
+        figures = chaos.check(timeout_s=240)
+    finally:
+        healed.cancel()
+    refused = [r for r in chaos.recorder.snapshot() if r.answered == 500]
+    assert refused, "the downstream never failed"
+    attempts = [r.attempts for r in chaos.harness.records() if r.line == "refund"]
+    assert max(attempts) > 1
+    assert figures["lost"] == 0
+
+
+def test_downstream_failing_with_few_attempts_ends_dead_then_replay_gets_all_done(chaos, tmp_path):
+    from tests.support.recorder import Recorder
+
+    alerts = Recorder().start()
+    try:
+        chaos.recorder.status = 500
+        chaos.start(
+            lines__refund__max_attempts="2",
+            lines__refund__backoff_initial_s="0.2",
+            lines__refund__backoff_max_s="0.5",
+            alert_webhooks=json.dumps([{"kind": "generic", "url": f"{alerts.url}/alerts"}]),
+        )
+        chaos.load()
+        refunds = {a.record_id for a in chaos.ledger.accepted if a.line == "refund"}
+        final = chaos.harness.wait_until_final(refunds, timeout_s=180)
+        assert {r.status.value for r in final.values()} == {"dead"}
+        wait_for(
+            lambda: any(r.body["event"] == "TASK_DEAD" for r in alerts.snapshot()),
+            timeout_s=30,
+            what="TASK_DEAD",
+        )
+        dead_alerts = [r.body for r in alerts.snapshot() if r.body["event"] == "TASK_DEAD"]
+        assert sum(a["count"] for a in dead_alerts) >= 1
+        assert all(a["line"] == "refund" for a in dead_alerts)
+
+        chaos.recorder.status = 200
+        replay = chaos.harness.run("replay", "--status", "dead")
+        replay.process.wait(timeout=180)
+        assert replay.process.returncode == 0, replay.output()
+        assert str(len(refunds)) in replay.output()
+        chaos.check(timeout_s=180)
+    finally:
+        alerts.stop()
+
+
+def threading_timer(delay_s: float, action):
+    import threading
+
+    timer = threading.Timer(delay_s, action)
+    timer.start()
+    return timer
