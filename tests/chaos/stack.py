@@ -198,13 +198,13 @@ class ChaosStack:
 
         newest: dict[str, Accepted] = {}
         for a in accepted:
-            if a.line == "status" and a.occurred_at is not None:
-                if a.business_no not in newest or a.occurred_at > newest[a.business_no].occurred_at:  # type: ignore[operator]
-                    newest[a.business_no] = a
-        status_rows = {
-            row[0]: row[1]
-            for row in self.harness.rows("SELECT business_no, status FROM order_status")
-        }
+            if a.line != "status" or a.occurred_at is None:
+                continue
+            best = newest.get(a.business_no)
+            if best is None or (best.occurred_at is not None and a.occurred_at > best.occurred_at):
+                newest[a.business_no] = a
+        status_sql = "SELECT business_no, status FROM order_status"
+        status_rows = {row[0]: row[1] for row in self.harness.rows(status_sql)}
         assert status_rows == {bn: a.status for bn, a in newest.items()}
 
         figures = {

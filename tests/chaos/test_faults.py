@@ -8,12 +8,14 @@ import os
 import shutil
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
 from tests.support.processes import wait_for
+from tests.support.recorder import Recorder
 
 
 def kill_group(pid: int) -> None:
@@ -128,8 +130,6 @@ def test_downstream_failing_for_20_seconds_then_every_record_ends_done(chaos):
 
 
 def test_downstream_failing_with_few_attempts_ends_dead_then_replay_gets_all_done(chaos, tmp_path):
-    from tests.support.recorder import Recorder
-
     alerts = Recorder().start()
     try:
         chaos.recorder.status = 500
@@ -163,8 +163,6 @@ def test_downstream_failing_with_few_attempts_ends_dead_then_replay_gets_all_don
 
 
 def threading_timer(delay_s: float, action):
-    import threading
-
     timer = threading.Timer(delay_s, action)
     timer.start()
     return timer
