@@ -173,8 +173,8 @@ def _replay_page(
             continue
         now = clock()
         with rt.engine.begin() as conn:
-            for record_id in synced:
-                store.mark_done(conn, record_id, now=now)
+            for record_id in synced:  # downstream has it: it is done, whatever we thought
+                store.mark_done(conn, record_id, now=now, only_from=DEFAULT_STATUSES)
             _claim_for_replay(conn, todo, now=now)
         outcome = rt.admission.push(
             line.queue, [r.id for r in todo], max_length=line.settings.max_queue_length
@@ -226,7 +226,7 @@ def _downstream_has(rt: Runtime, line: Line, batch: list[Record]) -> set[str]:
                     order_status.c.business_no.in_(business_nos)
                 )
             )
-            newest: dict[str, datetime] = {row[0]: row[1] for row in rows.tuples()}
+            newest: dict[str, datetime] = {row[0]: row[1] for row in rows}
             return {
                 r.id
                 for r in batch

@@ -156,11 +156,17 @@ def claim_attempt(conn: Connection, record_id: str, *, now: datetime) -> Record 
     return get_record(conn, record_id)
 
 
-def mark_done(conn: Connection, record_id: str, *, now: datetime) -> bool:
-    """`… → done`. False when the record was already final."""
+def mark_done(
+    conn: Connection,
+    record_id: str,
+    *,
+    now: datetime,
+    only_from: Sequence[RecordStatus] = DONE_FROM,
+) -> bool:
+    """`… → done`. False when the record was already final (or not in `only_from`)."""
     result = conn.execute(
         update(records)
-        .where(records.c.id == record_id, records.c.status.in_([s.value for s in DONE_FROM]))
+        .where(records.c.id == record_id, records.c.status.in_([s.value for s in only_from]))
         .values(
             status=RecordStatus.DONE.value,
             finished_at=now,
