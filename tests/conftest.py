@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
+from sqlalchemy.pool import NullPool
 
 from app.embedded_redis import RedisServer
 from app.journal.engine import make_engine
@@ -58,6 +59,7 @@ def redis_url(redis_server: RedisServer) -> str:
     return redis_server.url
 
 
+# Admin engines connect afresh each time: a test may restart the server in between.
 @pytest.fixture(scope="session")
 def _template(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A migrated database that each test's database is copied from."""
@@ -69,7 +71,7 @@ def _template(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield str(path)
         return
     name = f"pipeline_tpl_{os.getpid()}"
-    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT", poolclass=NullPool)
     with admin.connect() as conn:
         conn.execute(text(f'DROP DATABASE IF EXISTS "{name}"'))
         conn.execute(text(f'CREATE DATABASE "{name}"'))
@@ -93,7 +95,7 @@ def database_url(_template: str, tmp_path: Path) -> Iterator[str]:
         yield f"sqlite:///{path}"
         return
     name = f"pipeline_t_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT", poolclass=NullPool)
     with admin.connect() as conn:
         conn.execute(text(f'CREATE DATABASE "{name}" TEMPLATE "{_template}"'))
     try:
