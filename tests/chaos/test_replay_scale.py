@@ -117,7 +117,7 @@ def test_replay_of_100000_rows_runs_in_flat_memory_and_skips_the_synced(harness)
 
     assert dry_rss - small_rss < MAX_GROWTH_KB, (small_rss, dry_rss)
     assert real_rss - small_rss < MAX_GROWTH_KB, (small_rss, real_rss)
-    print(  # noqa: T201 - the figures the closing note quotes
+    print(
         f"\nreplay of {ROWS} rows: dry run {ROWS / dry_s:.0f} records/s, "
         f"real {ROWS / real_s:.0f} records/s; peak RSS {small_rss // 1024} MiB for "
         f"{BASELINE_ROWS} rows, {dry_rss // 1024} / {real_rss // 1024} MiB for {ROWS}"
