@@ -13,6 +13,8 @@
     ├── AdminRequired          an admin endpoint was called without a token
     ├── AdminForbidden         an admin endpoint was called with a wrong token
     ├── RecordNotFound         no journal record has that id
+    ├── InvalidSchedule        a schedule's cron, zone, line or payload is invalid
+    ├── ScheduleNotFound       no schedule has that name
     └── DeliveryFailed         a sink could not deliver a record (the attempt failed)
 
 A class's docstring is its default message. The HTTP layer maps the tree to status
@@ -105,6 +107,18 @@ class RecordNotFound(PipelineError):
     """No record has that id."""
 
     code = "record_not_found"
+
+
+class InvalidSchedule(PipelineError):
+    """The schedule is invalid."""
+
+    code = "invalid_schedule"
+
+
+class ScheduleNotFound(PipelineError):
+    """No schedule has that name."""
+
+    code = "schedule_not_found"
 
 
 class DeliveryFailed(PipelineError):

@@ -19,6 +19,9 @@ from app.monitor import monitor
 from app.retention import purge
 from app.runtime import Runtime
 from app.sweeper import sweep
+from app.webhooks import Event
+from beat.fires import fire_due
+from beat.lock import BeatLock
 
 log = get_logger(__name__)
 
@@ -32,6 +35,7 @@ class PipelineScheduler(Scheduler):  # type: ignore[misc]  # Celery ships no typ
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._runtime: Runtime | None = None
+        self._lock: BeatLock | None = None
         self._local: dict[str, Callable[[], None]] = {
             SWEEP_ENTRY: self._sweep,
             MONITOR_ENTRY: self._monitor,
@@ -44,6 +48,35 @@ class PipelineScheduler(Scheduler):  # type: ignore[misc]  # Celery ships no typ
         if self._runtime is None:
             self._runtime = Runtime.build(self.app.pipeline_settings, db_pool_size=2)
         return self._runtime
+
+    @property
+    def lock(self) -> BeatLock:
+        if self._lock is None:
+            self._lock = BeatLock(
+                self.runtime.redis, ttl_s=self.app.pipeline_settings.beat_lock_ttl_seconds
+            )
+        return self._lock
+
+    def tick(self, *args: Any, **kwargs: Any) -> float:
+        """One beat: hold the lock (or stand by), fire the due schedules, run maintenance.
+
+        Returns the seconds to sleep: at most one, so a standby tries every second."""
+        held, took_over_from = self.lock.hold()
+        if not held:
+            return 1.0
+        if took_over_from is not None:
+            self.runtime.alerts.raise_event(
+                Event.BEAT_TAKEOVER,
+                line=None,
+                message=f"beat {self.lock.identity} took over from {took_over_from}",
+                previous=took_over_from,
+            )
+        try:
+            fire_due(self.runtime, now=utcnow())
+        except PipelineError as exc:
+            log.warning("schedules_failed", error=str(exc))
+        interval: float = super().tick(*args, **kwargs)
+        return min(interval, 1.0)
 
     def setup_schedule(self) -> None:
         settings = self.app.pipeline_settings
@@ -86,6 +119,8 @@ class PipelineScheduler(Scheduler):  # type: ignore[misc]  # Celery ships no typ
         purge(self.runtime, now=utcnow())
 
     def close(self) -> None:
+        if self._lock is not None:
+            self._lock.release()
         if self._runtime is not None:
             self._runtime.close()
         super().close()

@@ -162,6 +162,25 @@ replays = Table(
 )
 
 
+# Cron schedules (DESIGN §10); beat reads them every tick, so changes need no restart.
+schedules = Table(
+    "schedules",
+    metadata,
+    Column("name", String(128), primary_key=True),
+    Column("cron", String(128), nullable=False),
+    Column("timezone", String(64), nullable=False),
+    Column("line", String(32), nullable=False),
+    Column("payload", Json, nullable=False),
+    Column("enabled", Boolean, nullable=False),
+    Column("misfire", String(16), nullable=False),
+    Column("catchup_window_s", Integer, nullable=False),
+    Column("last_fire_at", UtcDateTime, nullable=True),
+    Column("next_fire_at", UtcDateTime, nullable=True),
+    Column("created_at", UtcDateTime, nullable=False),
+    Column("updated_at", UtcDateTime, nullable=False),
+)
+
+
 @dataclass(frozen=True, kw_only=True)
 class Record:
     """One journal row, as handlers, sinks and the HTTP layer see it."""
