@@ -49,14 +49,22 @@ def check_timezone(name: str) -> ZoneInfo:
 def fires_between(
     expression: str, zone: str, *, after: datetime, until: datetime, cap: int
 ) -> list[datetime]:
-    """Fire times in (`after`, `until`], oldest first, at most `cap` (the newest kept), UTC."""
+    """Fire times in (`after`, `until`], oldest first, at most `cap` (the newest kept), UTC.
+
+    Wall-clock time only moves forward: when clocks go back, the repeated hour does not
+    fire again (a daily 02:30 fires once on that day, as cron does)."""
     tz = check_timezone(zone)
     iterator = croniter(expression, after.astimezone(tz))
+    latest_wall = after.astimezone(tz).replace(tzinfo=None)
     fires: list[datetime] = []
     while True:
         fire = iterator.get_next(datetime)
         if fire > until:
             break
+        wall = fire.astimezone(tz).replace(tzinfo=None)
+        if wall <= latest_wall:
+            continue
+        latest_wall = wall
         fires.append(fire.astimezone(UTC))
         if len(fires) > cap:
             fires.pop(0)

@@ -1,0 +1,126 @@
+"""Schedules on the real journal and Redis: misfire after a restart, and changes through the
+CLI picked up by a running beat."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from sqlalchemy import update
+
+from app.cron import Misfire
+from app.journal.models import schedules as schedules_table
+from app.schedules import add
+from beat.fires import fire_due
+from tests.support.processes import REPO, wait_for
+
+START = datetime(2026, 5, 1, 10, 0, 0, tzinfo=UTC)
+
+
+def scheduled(harness, name: str) -> list[str]:
+    return sorted(
+        r.dedup_key for r in harness.records() if r.dedup_key.startswith(f"schedule:{name}:")
+    )
+
+
+@pytest.mark.parametrize(("policy", "expected"), [("fire_once", 1), ("skip", 0), ("fire_all", 3)])
+def test_beat_stopped_across_three_due_times_then_restarted(harness, policy, expected):
+    rt = harness.runtime()
+    with rt.engine.begin() as conn:
+        add(
+            conn,
+            name="nightly",
+            cron="* * * * *",
+            timezone="UTC",
+            line="order",
+            payload={},
+            misfire=Misfire(policy),
+            catchup_window_s=3600,
+            now=START,
+        )
+    assert fire_due(rt, now=START + timedelta(minutes=1, seconds=1)) == 1  # on time
+    # Beat is down from 10:01:01 to 10:04:30: 10:02, 10:03 and 10:04 are missed.
+    restart = START + timedelta(minutes=4, seconds=30)
+    assert fire_due(rt, now=restart) == expected
+    assert fire_due(rt, now=restart) == 0  # restarted again: nothing more
+    assert fire_due(rt, now=restart + timedelta(seconds=10)) == 0
+    assert len(scheduled(harness, "nightly")) == 1 + expected
+
+
+def test_the_same_fire_from_two_beats_is_stored_once(harness):
+    rt = harness.runtime()
+    with rt.engine.begin() as conn:
+        add(
+            conn,
+            name="twice",
+            cron="* * * * *",
+            timezone="UTC",
+            line="order",
+            payload={},
+            misfire=Misfire.FIRE_ALL,
+            catchup_window_s=3600,
+            now=START,
+        )
+    now = START + timedelta(minutes=1, seconds=1)
+    assert fire_due(rt, now=now) == 1
+    with rt.engine.begin() as conn:  # another beat that had not seen the fire yet
+        conn.execute(update(schedules_table).values(last_fire_at=None))
+    assert fire_due(rt, now=now) == 0
+    assert len(scheduled(harness, "twice")) == 1
+
+
+def cli(harness, *args: str) -> str:
+    result = subprocess.run(
+        [sys.executable, "-m", "app.cli", "schedules", *args],
+        env=harness.env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def test_schedules_added_changed_and_disabled_by_the_cli_take_effect_within_10_s(harness):
+    harness.start_worker("order")
+    harness.start_beat()
+    cli(
+        harness,
+        "add",
+        "pulse",
+        "--cron",
+        "* * * * * */2",
+        "--line",
+        "order",
+        "--payload",
+        '{"kind": "pulse"}',
+    )
+    started = time.monotonic()
+    wait_for(lambda: scheduled(harness, "pulse"), timeout_s=10, what="the first fire")
+    assert time.monotonic() - started < 10
+
+    cli(harness, "add", "pulse", "--cron", "* * * * * */2", "--line", "refund", "--replace")
+    changed_at = datetime.now(UTC)
+    wait_for(
+        lambda: any(r.line == "refund" for r in harness.records() if r.source.value == "schedule"),
+        timeout_s=10,
+        what="a fire on the changed line",
+    )
+    cli(harness, "disable", "pulse")
+    disabled_at = datetime.now(UTC)
+    time.sleep(4)  # two due times pass
+    late = [
+        r
+        for r in harness.records()
+        if r.source.value == "schedule" and r.created_at > disabled_at + timedelta(seconds=1.5)
+    ]
+    assert late == []
+    fired = [r for r in harness.records() if r.source.value == "schedule"]
+    assert all(r.line == "order" for r in fired if r.created_at < changed_at - timedelta(seconds=1))
+    assert all(r.payload["business_no"].startswith("pulse:") for r in fired)
+    assert "pulse" in cli(harness, "list")
