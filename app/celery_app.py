@@ -12,19 +12,12 @@ from kombu.entity import Queue
 
 from app.admission import TASK_NAME
 from app.errors import UnboundedPublish
-from app.redis_client import (
-    HEALTH_CHECK_INTERVAL_S,
-    SOCKET_CONNECT_TIMEOUT_S,
-    SOCKET_TIMEOUT_S,
-)
-from app.settings import Settings, load_settings
+from app.redis_client import redis_options
+from app.settings import BRPOP_TIMEOUT_S, Settings, load_settings
 
 # Celery finds the task modules by name: app/ never imports workers/ or beat/.
 TASK_MODULES = ["workers.tasks"]
 BEAT_SCHEDULER = "beat.scheduler:PipelineScheduler"
-# The worker's blocking fetch (BRPOP) returns within this, below the socket timeout, so a
-# connection a proxy dropped silently is noticed instead of blocking forever (DESIGN §11).
-BRPOP_TIMEOUT_S = 1
 
 
 class PipelineCelery(Celery):  # type: ignore[misc]  # Celery ships no type hints
@@ -46,18 +39,15 @@ def create_celery(settings: Settings) -> PipelineCelery:
     """Build the Celery app for `settings`. Connects to nothing."""
     celery = PipelineCelery("pipeline", set_as_current=False)
     celery.pipeline_settings = settings
+    options = redis_options(settings)
     celery.conf.update(
         broker_url=settings.redis_url,
         broker_connection_retry_on_startup=True,
-        broker_connection_timeout=SOCKET_CONNECT_TIMEOUT_S,
+        broker_connection_timeout=settings.redis_connect_timeout_seconds or None,
         broker_heartbeat=0,
         broker_transport_options={
             "visibility_timeout": settings.visibility_timeout_seconds,
-            "health_check_interval": HEALTH_CHECK_INTERVAL_S,
-            "socket_keepalive": True,
-            "socket_connect_timeout": SOCKET_CONNECT_TIMEOUT_S,
-            "socket_timeout": SOCKET_TIMEOUT_S,
-            "retry_on_timeout": True,
+            **options,
             "brpop_timeout": BRPOP_TIMEOUT_S,
             # kombu returns a dead worker's unacked messages only when a sweep finds them
             # past the visibility timeout; its default sweep runs every 10 x 10 s.
@@ -79,6 +69,8 @@ def create_celery(settings: Settings) -> PipelineCelery:
         beat_scheduler=BEAT_SCHEDULER,
         beat_max_loop_interval=1,
         worker_hijack_root_logger=False,
+        worker_soft_shutdown_timeout=settings.worker_soft_shutdown_seconds,
+        worker_enable_soft_shutdown_on_idle=False,  # no ETA tasks to hand back when idle
         worker_redirect_stdouts=False,
         timezone="UTC",
         enable_utc=True,

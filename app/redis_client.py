@@ -1,4 +1,8 @@
-"""`make_redis(url)`: our own Redis client, with the connection rules of DESIGN §11."""
+"""Redis connection rules (DESIGN §11), shared by every client: ours, the lock's and the
+broker's. Every pooled connection idle past the health-check interval is pinged before use;
+TCP keepalive is on; connects and reads time out, and a timed-out command is retried on a
+fresh connection, so a connection a proxy or NAT dropped silently costs one timeout, never
+a hang."""
 
 from __future__ import annotations
 
@@ -6,24 +10,29 @@ from typing import Any
 
 import redis
 
-# Health-check a pooled connection idle longer than this before using it.
-HEALTH_CHECK_INTERVAL_S = 10
-SOCKET_CONNECT_TIMEOUT_S = 2.0
-# Longer than any command we send; stops a read on a silently dropped connection.
-SOCKET_TIMEOUT_S = 5.0
+from app.settings import Settings
+
+# Used where no settings exist (a server we started ourselves).
+DEFAULT_OPTIONS: dict[str, Any] = {
+    "health_check_interval": 10,
+    "socket_keepalive": True,
+    "socket_connect_timeout": 2.0,
+    "socket_timeout": 5.0,
+    "retry_on_timeout": True,
+}
 
 
-def redis_options() -> dict[str, Any]:
-    """Client options shared by every Redis client of the pipeline."""
+def redis_options(settings: Settings) -> dict[str, Any]:
+    """Client options from the settings (0 turns a timeout or the health check off)."""
     return {
-        "health_check_interval": HEALTH_CHECK_INTERVAL_S,
-        "socket_keepalive": True,
-        "socket_connect_timeout": SOCKET_CONNECT_TIMEOUT_S,
-        "socket_timeout": SOCKET_TIMEOUT_S,
-        "retry_on_timeout": True,
+        "health_check_interval": settings.redis_health_check_interval_seconds,
+        "socket_keepalive": settings.redis_socket_keepalive,
+        "socket_connect_timeout": settings.redis_connect_timeout_seconds or None,
+        "socket_timeout": settings.redis_socket_timeout_seconds or None,
+        "retry_on_timeout": settings.redis_retry_on_timeout,
     }
 
 
-def make_redis(url: str) -> redis.Redis:
+def make_redis(url: str, options: dict[str, Any] | None = None) -> redis.Redis:
     """A client for `url`. Connects lazily: building it needs no live Redis."""
-    return redis.Redis.from_url(url, **redis_options())
+    return redis.Redis.from_url(url, **(DEFAULT_OPTIONS if options is None else options))

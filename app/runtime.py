@@ -13,7 +13,7 @@ from app.alerts import Alerter
 from app.clock import utcnow
 from app.journal.engine import make_engine
 from app.lines import LineRegistry
-from app.redis_client import make_redis
+from app.redis_client import make_redis, redis_options
 from app.settings import Settings
 from app.sinks import make_http_client
 
@@ -34,7 +34,7 @@ class Runtime:
     def build(cls, settings: Settings, *, db_pool_size: int = 5) -> Runtime:
         """Resolve the lines (raises `ConfigError`) and build the clients."""
         lines = LineRegistry.from_settings(settings)
-        client = make_redis(settings.redis_url)
+        client = make_redis(settings.redis_url, redis_options(settings))
         return cls(
             settings=settings,
             lines=lines,

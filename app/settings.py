@@ -31,6 +31,9 @@ from app.errors import ConfigError
 
 ENV_PREFIX = "PIPELINE_"
 LINE_NAME = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
+# The worker's blocking fetch (BRPOP) returns within this, below the socket timeout, so a
+# connection a proxy dropped silently is noticed instead of blocking forever (DESIGN §11).
+BRPOP_TIMEOUT_S = 1
 # The size limit of DESIGN §7: 1 MiB.
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024
 
@@ -126,6 +129,14 @@ class Settings(BaseSettings):
     retention_days: float = Field(default=30, ge=0)
     retention_interval_seconds: float = Field(default=3600, gt=0)
     retention_batch_size: int = Field(default=1000, ge=1)
+    # Connection rules of every Redis client (DESIGN §11); 0 turns one off.
+    redis_health_check_interval_seconds: float = Field(default=10, ge=0)
+    redis_socket_timeout_seconds: float = Field(default=5, ge=0)
+    redis_connect_timeout_seconds: float = Field(default=2, ge=0)
+    redis_socket_keepalive: bool = True
+    redis_retry_on_timeout: bool = True
+    # Celery's soft shutdown: a stopped worker finishes or re-queues what it holds.
+    worker_soft_shutdown_seconds: float = Field(default=10, ge=0)
     log_json: bool = False
     log_level: str = Field(default="INFO", pattern=r"^(DEBUG|INFO|WARNING|ERROR)$")
     lines: dict[str, LineSettings] = Field(default_factory=dict)
@@ -154,6 +165,16 @@ class Settings(BaseSettings):
             raise ValueError(
                 "PIPELINE_STUCK_AFTER_SECONDS must be at least twice "
                 "PIPELINE_VISIBILITY_TIMEOUT_SECONDS"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _brpop_below_socket_timeout(self) -> Settings:
+        # The worker's blocking fetch must return before the socket times out (DESIGN §11).
+        if 0 < self.redis_socket_timeout_seconds <= BRPOP_TIMEOUT_S:
+            raise ValueError(
+                f"PIPELINE_REDIS_SOCKET_TIMEOUT_SECONDS must be above {BRPOP_TIMEOUT_S} s, "
+                "the worker's blocking fetch"
             )
         return self
 

@@ -13,7 +13,7 @@ from celery.signals import worker_ready, worker_shutdown
 from app.clock import utcnow
 from app.liveness import clear_heartbeat, publish_heartbeat
 from app.logs import get_logger
-from app.redis_client import make_redis
+from app.redis_client import make_redis, redis_options
 
 log = get_logger(__name__)
 
@@ -71,7 +71,7 @@ def _start(sender: Any, **_kwargs: Any) -> None:
     settings = sender.app.pipeline_settings
     lines = [queue.name for queue in sender.task_consumer.queues]
     heartbeat = Heartbeat(
-        client=make_redis(settings.redis_url),
+        client=make_redis(settings.redis_url, redis_options(settings)),
         hostname=sender.hostname,
         lines=lines,
         ttl_s=settings.worker_heartbeat_ttl_seconds,
