@@ -3,6 +3,7 @@ starts), an in-process intake on a free port, worker and beat subprocesses, and 
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 import uuid
@@ -88,7 +89,8 @@ class Harness:
         return client
 
     def _component(self, *args: str) -> Component:
-        log_path = self.tmp_path / f"{'-'.join(args)}-{len(self.components)}.log"
+        slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", "-".join(args))[:80]
+        log_path = self.tmp_path / f"{slug}-{len(self.components)}.log"
         component = Component(list(args), env=self.env, log_path=log_path)
         self.components.append(component)
         return component.start()
