@@ -1,0 +1,89 @@
+"""Two beats at once: one fires, the other stands by; `kill -9` of the active one and the
+standby takes over within the lock's TTL plus a tick, raising BEAT_TAKEOVER, with no fire
+lost (fire_all) or doubled."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import signal
+import time
+from datetime import datetime, timedelta
+
+from beat.lock import LOCK_KEY
+from tests.support.processes import wait_for
+from tests.support.recorder import Recorder
+
+TTL_S = 3
+
+
+def fire_times(harness) -> list[datetime]:
+    keys = [r.dedup_key for r in harness.records() if r.dedup_key.startswith("schedule:tick:")]
+    return sorted(datetime.fromisoformat(key.split(":", 2)[2]) for key in keys)
+
+
+def test_standby_beat_takes_over_within_the_ttl_and_no_fire_is_lost_or_doubled(harness):
+    alerts = Recorder().start()
+    try:
+        harness.configure(
+            beat_lock_ttl_seconds=str(TTL_S),
+            alert_webhooks=json.dumps([{"kind": "generic", "url": f"{alerts.url}/alerts"}]),
+        )
+        rt = harness.runtime()
+        harness.run(
+            "schedules",
+            "add",
+            "tick",
+            "--cron",
+            "* * * * * *",
+            "--line",
+            "order",
+            "--misfire",
+            "fire_all",
+        ).process.wait(timeout=60)
+        beats = {b.pid: b for b in (harness.start_beat(), harness.start_beat())}
+        wait_for(lambda: rt.redis.get(LOCK_KEY), timeout_s=10, what="a beat to take the lock")
+        time.sleep(4)
+        holder_pid = int(rt.redis.get(LOCK_KEY).decode().split(":")[1])
+        assert holder_pid in beats
+        before = fire_times(harness)
+        assert len(before) >= 3
+
+        os.killpg(holder_pid, signal.SIGKILL)
+        killed_at = time.monotonic()
+        beats[holder_pid].process.wait(timeout=10)
+
+        def taken_over() -> bool:
+            value = rt.redis.get(LOCK_KEY)
+            return value is not None and int(value.decode().split(":")[1]) != holder_pid
+
+        wait_for(taken_over, timeout_s=TTL_S + 5, what="the standby to take the lock")
+        took_s = time.monotonic() - killed_at
+        count_at_takeover = len(fire_times(harness))
+        wait_for(
+            lambda: len(fire_times(harness)) > count_at_takeover,
+            timeout_s=3,
+            what="the new holder's first fire",
+        )
+        assert took_s <= TTL_S + 1.5, took_s
+        time.sleep(4)
+        for pid, beat in beats.items():
+            if pid != holder_pid:
+                beat.stop()
+
+        times = fire_times(harness)
+        assert len(times) == len(set(times))
+        gaps = [b - a for a, b in itertools.pairwise(times)]
+        assert set(gaps) == {timedelta(seconds=1)}, "a fire was lost during the takeover"
+        wait_for(
+            lambda: any(r.body["event"] == "BEAT_TAKEOVER" for r in alerts.snapshot()),
+            timeout_s=10,
+            what="BEAT_TAKEOVER",
+        )
+        print(
+            f"\nbeat takeover after {took_s:.1f} s (TTL {TTL_S} s); {len(times)} fires, "
+            "none lost or doubled"
+        )
+    finally:
+        alerts.stop()
