@@ -22,6 +22,8 @@ from app.webhooks import Event
 
 log = get_logger(__name__)
 
+REJECTED = (RecordStatus.REJECTED,)
+
 
 @dataclass(frozen=True, kw_only=True)
 class Acceptance:
@@ -48,7 +50,10 @@ def accept(rt: Runtime, new: NewRecord, *, clock: Callable[[], datetime]) -> Acc
     except SQLAlchemyError as exc:
         raise JournalUnavailable(f"journal write failed: {type(exc).__name__}") from exc
     if not created:
-        return Acceptance(record=record, status=record.status, created=False)
+        retry = record.status is RecordStatus.REJECTED and record.body_sha256 == new.body_sha256
+        if not (retry and _move(rt, record, RecordStatus.RECEIVED, clock, only_from=REJECTED)):
+            return Acceptance(record=record, status=record.status, created=False)
+        # A rejected request sent again (as Retry-After asked): admit it again.
     log.info("record_received", record_id=record.id, line=record.line)
     try:
         pushed = rt.admission.push(
@@ -80,7 +85,8 @@ def accept(rt: Runtime, new: NewRecord, *, clock: Callable[[], datetime]) -> Acc
             record=record, status=RecordStatus.RECEIVED, created=True, caller_runs=True
         )
     status = RecordStatus.REJECTED if policy is Overflow.REJECT else RecordStatus.DEFERRED
-    _move(rt, record, status, clock)
+    if not _move(rt, record, status, clock):
+        status = RecordStatus.RECEIVED  # not recorded: the sweeper will take it
     return Acceptance(record=record, status=status, created=True)
 
 
@@ -95,11 +101,21 @@ def _mark_enqueued(rt: Runtime, record: Record, epoch: str, clock: Callable[[], 
         log.warning("record_status_not_saved", record_id=record.id, error=str(exc))
 
 
-def _move(rt: Runtime, record: Record, to: RecordStatus, clock: Callable[[], datetime]) -> None:
-    """`received → to`. A failure here loses nothing: the record stays `received` and the
-    sweeper pushes it again (a second message for a done record does nothing)."""
+def _move(
+    rt: Runtime,
+    record: Record,
+    to: RecordStatus,
+    clock: Callable[[], datetime],
+    *,
+    only_from: tuple[RecordStatus, ...] = (RecordStatus.RECEIVED,),
+) -> bool:
+    """`received → to`; whether it was written. A failure here loses nothing: the record
+    stays `received` and the sweeper pushes it (a second message for a done one does
+    nothing)."""
     try:
         with rt.engine.begin() as conn:
-            store.set_status(conn, [record.id], to, only_from=[RecordStatus.RECEIVED], now=clock())
+            moved = store.set_status(conn, [record.id], to, only_from=only_from, now=clock())
     except SQLAlchemyError as exc:
         log.warning("record_status_not_saved", record_id=record.id, to=to.value, error=str(exc))
+        return False
+    return moved == 1

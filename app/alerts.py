@@ -66,15 +66,16 @@ class Alerter:
             message=alert.message,
             **alert.details,
         )
+        if self._thread is None:
+            # Also without webhooks: it releases the folded counts of closed windows.
+            self._thread = threading.Thread(target=self._run, name="alerts", daemon=True)
+            self._thread.start()
         if not self._hooks:
             return
         if len(self._buffer) >= self._buffer_size:
             self._buffer.popleft()
             self._dropped += 1
         self._buffer.append(alert)
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="alerts", daemon=True)
-            self._thread.start()
         self._wake.notify()
 
     def _run(self) -> None:

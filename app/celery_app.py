@@ -60,6 +60,8 @@ def create_celery(settings: Settings) -> PipelineCelery:
         accept_content=["json"],
         result_accept_content=["json"],
         task_acks_late=True,
+        # A handler must end before kombu hands its message to another worker.
+        task_time_limit=max(1, int(settings.visibility_timeout_seconds * 0.9)),
         task_reject_on_worker_lost=True,
         worker_prefetch_multiplier=1,
         task_queues=[Queue(name, routing_key=name) for name in settings.lines],  # type: ignore[no-untyped-call]

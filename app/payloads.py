@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 # A business number is an identifier, not free text: no control characters (DESIGN §3: 1 to 128).
 BUSINESS_NO_PATTERN = r"^[^\x00-\x1f\x7f]{1,128}$"
@@ -23,3 +23,12 @@ class StatusPayload(Payload):
 
     status: str = Field(min_length=1, max_length=64)
     occurred_at: datetime  # naive times are taken as UTC
+
+    @field_validator("occurred_at")
+    @classmethod
+    def _representable_in_utc(cls, value: datetime) -> datetime:
+        try:
+            (value.replace(tzinfo=UTC) if value.tzinfo is None else value).astimezone(UTC)
+        except OverflowError:
+            raise ValueError("occurred_at is out of range") from None
+        return value

@@ -6,6 +6,7 @@ a hang."""
 
 from __future__ import annotations
 
+import urllib.parse
 from typing import Any
 
 import redis
@@ -36,3 +37,12 @@ def redis_options(settings: Settings) -> dict[str, Any]:
 def make_redis(url: str, options: dict[str, Any] | None = None) -> redis.Redis:
     """A client for `url`. Connects lazily: building it needs no live Redis."""
     return redis.Redis.from_url(url, **(DEFAULT_OPTIONS if options is None else options))
+
+
+def masked_url(url: str) -> str:
+    """`url` with its password replaced by `***`, for printing."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))

@@ -233,14 +233,21 @@ def _downstream_has(rt: Runtime, line: Line, batch: list[Record]) -> set[str]:
                 if r.business_no in newest and newest[r.business_no] >= occurred_at(r)
             }
         table = KEYED_TABLES.get(line.name)
-        if table is not None:
-            query = select(table.c.business_no).where(table.c.business_no.in_(business_nos))
-        else:
-            query = select(sink_rows.c.business_no).where(
-                sink_rows.c.line == line.name, sink_rows.c.business_no.in_(business_nos)
-            )
-        have = set(conn.execute(query).scalars())
-    return {r.id for r in batch if r.business_no in have}
+        sink = table if table is not None else sink_rows
+        query = select(sink.c.business_no, sink.c.record_id, sink.c.payload).where(
+            sink.c.business_no.in_(business_nos)
+        )
+        if table is None:
+            query = query.where(sink_rows.c.line == line.name)
+        stored = {row[0]: (row[1], row[2]) for row in conn.execute(query)}
+    # Downstream has a record when its row was written by it, or holds the same payload;
+    # a row of another record with other content does not count.
+    return {
+        r.id
+        for r in batch
+        if (r.business_no in stored and r.id == stored[r.business_no][0])
+        or (r.business_no in stored and stored[r.business_no][1] == r.payload)
+    }
 
 
 def _http_has(client: httpx.Client, template: str, record: Record) -> bool:

@@ -30,10 +30,11 @@ def _deliver(rt: Runtime, record: Record, clock: Callable[[], datetime]) -> None
     elif line.settings.downstream_url:
         deliver_http(rt.http, line.settings.downstream_url, record)
     else:
-        # The table sink writes in the transaction that marks the record done: exactly once.
+        # The table sink writes in the transaction that marks the record done: exactly once,
+        # and never for a record another run has finished meanwhile.
         with rt.engine.begin() as conn:
-            write_table_sink(conn, record, now=clock())
-            store.mark_done(conn, record.id, now=clock())
+            if store.mark_done(conn, record.id, now=clock()):
+                write_table_sink(conn, record, now=clock())
         return
     with rt.engine.begin() as conn:
         store.mark_done(conn, record.id, now=clock())
@@ -55,14 +56,24 @@ def run_record(
         with rt.engine.begin() as conn:
             record = store.claim_attempt(conn, record_id, now=clock())
     except SQLAlchemyError as exc:
-        raise JournalUnavailable(f"claim of {record_id} failed: {exc}") from exc
+        raise JournalUnavailable(f"claim of {record_id} failed") from exc
     if record is None:
         log.info("record_skipped", record_id=record_id)
         return None
+    line = rt.lines.get(record.line)
+    if record.attempts > line.settings.max_attempts:
+        # Attempts that never reported back: each one killed its worker process.
+        return _record_failure(
+            rt,
+            record,
+            RuntimeError("the worker was lost on every attempt"),
+            clock=clock,
+            rng=rng,
+        )
     try:
         _deliver(rt, record, clock)
     except SQLAlchemyError as exc:
-        raise JournalUnavailable(f"finishing {record_id} failed: {exc}") from exc
+        raise JournalUnavailable(f"finishing {record_id} failed") from exc
     except Exception as exc:  # noqa: BLE001 - a handler is user code: any failure is an attempt
         return _record_failure(rt, record, exc, clock=clock, rng=rng)
     log.info("record_done", record_id=record.id, line=record.line, attempts=record.attempts)
@@ -83,9 +94,13 @@ def _record_failure(
     error = f"{type(exc).__name__}: {exc}"
     try:
         with rt.engine.begin() as conn:
-            store.mark_failed(conn, record.id, error=error, retry_at=decision.retry_at, now=now)
+            moved = store.mark_failed(
+                conn, record.id, error=error, retry_at=decision.retry_at, now=now
+            )
     except SQLAlchemyError as db_exc:
         raise JournalUnavailable(f"recording failure of {record.id} failed") from db_exc
+    if not moved:  # another run finished it meanwhile
+        return RecordStatus.DONE
     if decision.dead:
         log.error("record_dead", record_id=record.id, line=record.line, attempts=record.attempts)
         rt.alerts.raise_event(

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import urllib.parse
 from datetime import UTC, datetime
 from typing import Any
 
@@ -87,12 +88,21 @@ def deliver_http(client: httpx.Client, url: str, record: Record) -> None:
         "business_no": record.business_no,
         "payload": record.payload,
     }
+    shown = redact_url(url)
     try:
         response = client.post(url, json=body, headers={"Idempotency-Key": record.id})
     except httpx.HTTPError as exc:
-        raise DeliveryFailed(f"POST {url}: {type(exc).__name__}: {exc}") from exc
+        raise DeliveryFailed(f"POST {shown}: {type(exc).__name__}") from exc
     if not (response.is_success or response.status_code == 409):
-        raise DeliveryFailed(f"POST {url}: HTTP {response.status_code}")
+        raise DeliveryFailed(f"POST {shown}: HTTP {response.status_code}")
+
+
+def redact_url(url: str) -> str:
+    """`url` without credentials or query (they may hold secrets): scheme, host, path."""
+    parts = urllib.parse.urlsplit(url)
+    host = parts.hostname or ""
+    port = f":{parts.port}" if parts.port else ""
+    return urllib.parse.urlunsplit((parts.scheme, f"{host}{port}", parts.path, "", ""))
 
 
 def make_http_client() -> httpx.Client:

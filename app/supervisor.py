@@ -19,6 +19,7 @@ from types import FrameType
 from app.embedded_redis import RedisServer, answers
 from app.journal.engine import make_engine
 from app.journal.schema import upgrade
+from app.redis_client import masked_url
 from app.settings import Settings
 
 STOP_TIMEOUT_S = 20.0
@@ -63,12 +64,13 @@ class Stack:
         return [sys.executable, "-m", "app.cli", *args]
 
     def start(self) -> None:
+        shown = masked_url(self.settings.redis_url)
         if not answers(self.settings.redis_url):
             self.redis = RedisServer.for_url(self.settings.redis_url, workdir=self.workdir)
             self.redis.start()
-            print(f"redis     embedded server at {self.settings.redis_url} (pid {self.redis.pid})")
+            print(f"redis     embedded server at {shown} (pid {self.redis.pid})")
         else:
-            print(f"redis     using the server at {self.settings.redis_url}")
+            print(f"redis     using the server at {shown}")
         engine = make_engine(self.settings.database_url)
         try:
             upgrade(engine)

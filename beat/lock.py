@@ -19,6 +19,13 @@ LOCK_KEY = "pipeline:beat:lock"
 
 # Renew when we hold it; else take it if nobody does. Returns {state, holder}:
 # state 1 = renewed, 2 = acquired, 0 = held by `holder`.
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+    return redis.call('DEL', KEYS[1])
+end
+return 0
+"""
+
 _HOLD = """
 local holder = redis.call('GET', KEYS[1])
 if holder == ARGV[1] then
@@ -43,6 +50,7 @@ class BeatLock:
         self._script = client.register_script(_HOLD)
         self.held = False
         self.last_other: str | None = None
+        self.last_error: str | None = None
 
     def hold(self) -> tuple[bool, str | None]:
         """Renew or take the lock. Returns (held now, the holder we took over from, if this
@@ -53,7 +61,9 @@ class BeatLock:
             if self.held:
                 log.warning("beat_lock_lost", error=str(exc))
             self.held = False
+            self.last_error = str(exc)
             return False, None
+        self.last_error = None
         holder_text = holder.decode() if isinstance(holder, bytes) else str(holder)
         took_over_from = None
         if int(state) == 2:
@@ -69,7 +79,6 @@ class BeatLock:
     def release(self) -> None:
         """Give the lock up (on a clean stop), if we hold it."""
         try:
-            if self.client.get(LOCK_KEY) == self.identity.encode():
-                self.client.delete(LOCK_KEY)
+            self.client.eval(_RELEASE, 1, LOCK_KEY, self.identity)
         except redis.RedisError:
             return

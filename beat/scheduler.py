@@ -63,6 +63,13 @@ class PipelineScheduler(Scheduler):  # type: ignore[misc]  # Celery ships no typ
         Returns the seconds to sleep: at most one, so a standby tries every second."""
         held, took_over_from = self.lock.hold()
         if not held:
+            if self.lock.last_error is not None:
+                # No beat can hold the lock, so no monitor runs: say so from here.
+                self.runtime.alerts.raise_event(
+                    Event.BROKER_DOWN,
+                    line=None,
+                    message=f"Redis does not answer: {self.lock.last_error}",
+                )
             return 1.0
         if took_over_from is not None:
             self.runtime.alerts.raise_event(

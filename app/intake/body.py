@@ -45,6 +45,8 @@ def parse_payload(body: bytes, schema: type[BaseModel]) -> dict[str, Any]:
         raise MalformedBody(f"body is not valid JSON: {type(exc).__name__}") from None
     if not isinstance(data, dict):
         raise InvalidPayload("body must be a JSON object")
+    if _has_unstorable_text(data):
+        raise InvalidPayload("strings may not contain NUL or unpaired surrogates")
     try:
         valid = schema.model_validate(data)
     except ValidationError as exc:
@@ -57,3 +59,19 @@ def parse_payload(body: bytes, schema: type[BaseModel]) -> dict[str, Any]:
 
 def body_digest(body: bytes) -> str:
     return hashlib.sha256(body).hexdigest()
+
+
+def _has_unstorable_text(value: Any) -> bool:
+    """NUL and lone surrogates are valid JSON escapes that no journal can store."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if "\x00" in item or any("\ud800" <= ch <= "\udfff" for ch in item):
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False

@@ -50,10 +50,13 @@ def _status_for(exc: errors.PipelineError) -> int:
 async def _pipeline_error(_request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, errors.PipelineError)
     status = _status_for(exc)
+    message = exc.message
     if status >= 500:
+        # The details (hosts, SQL) are for our log, not for the caller.
         log.error("request_failed", code=exc.code, error=exc.message)
+        message = (type(exc).__doc__ or "unavailable").strip()
     headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, errors.AdminRequired) else None
-    response = error_response(status, exc.code, exc.message)
+    response = error_response(status, exc.code, message)
     if headers:
         response.headers.update(headers)
     return response

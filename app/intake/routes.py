@@ -252,10 +252,13 @@ async def post_record(line: str, request: Request, rt: RuntimeDep) -> JSONRespon
         # The line's own limiter: a slow line under caller_runs cannot take the threads
         # that other lines' requests need (DESIGN §3, isolation).
         limiter = caller_run_limiter(request, spec.name, spec.settings.concurrency)
-        ran = await anyio.to_thread.run_sync(
-            functools.partial(run_record, rt, record.id, clock=utcnow, rng=_rng),
-            limiter=limiter,
-        )
+        try:
+            ran = await anyio.to_thread.run_sync(
+                functools.partial(run_record, rt, record.id, clock=utcnow, rng=_rng),
+                limiter=limiter,
+            )
+        except JournalUnavailable:
+            ran = None  # the record is committed: the sweeper finishes it
         status = ran or status
     answer = {
         "id": record.id,

@@ -52,16 +52,16 @@ def verify(
         raise BadSignature("missing X-Key-Id, X-Timestamp, X-Nonce or X-Signature")
     if len(nonce) > MAX_NONCE_LENGTH or len(key_id) > MAX_KEY_ID_LENGTH:
         raise BadSignature("X-Nonce or X-Key-Id is too long")
-    try:
-        sent_s = int(timestamp)
-    except ValueError:
-        raise BadSignature("X-Timestamp must be unix seconds") from None
+    if not (timestamp.isascii() and timestamp.isdigit() and len(timestamp) <= 12):
+        raise BadSignature("X-Timestamp must be unix seconds")
+    sent_s = int(timestamp)
     if abs(now_s - sent_s) > window_s:
         raise BadSignature(f"X-Timestamp is outside the allowed window of {window_s} s")
     secret = keys.get(key_id)
     expected = sign(
         secret.get_secret_value() if secret else "", timestamp=timestamp, nonce=nonce, body=body
     )
-    if secret is None or not hmac.compare_digest(expected, signature.lower()):
+    given = signature.lower().encode("utf-8", "replace")
+    if secret is None or not hmac.compare_digest(expected.encode(), given):
         raise BadSignature("signature does not match")
     return Caller(key_id=key_id, nonce=nonce)

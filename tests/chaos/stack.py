@@ -80,10 +80,17 @@ class ChaosStack:
             received_grace_seconds="2",
             **settings,
         )
-        self.start_intake()
+        # Start everything at once, then wait for each: startup is most of a worker's cost.
+        self.intake = self.harness.run("intake")
         for line in LINES:
-            self.start_worker(line)
-        self.beat = self.harness.start_beat()
+            self.workers[line] = self.harness.start_worker(
+                line, pool="prefork", concurrency=2, wait=False
+            )
+        self.beat = self.harness.start_beat(wait=False)
+        wait_for(self._intake_ready, timeout_s=40, what="the intake to listen")
+        for worker in self.workers.values():
+            worker.wait_for_output(" ready.", timeout_s=40)
+        self.beat.wait_for_output("beat: Starting", timeout_s=40)
         return self
 
     def start_intake(self) -> None:

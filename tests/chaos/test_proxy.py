@@ -17,6 +17,7 @@ from tests.support.proxy import IdleProxy
 RUN_S = 60
 
 
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize("mode", ["drop", "close"])
 def test_schedule_through_a_proxy_that_mistreats_idle_connections(harness, tmp_path, mode):
     if not harness.env["PIPELINE_DATABASE_URL"].startswith("sqlite"):

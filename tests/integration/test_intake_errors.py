@@ -54,6 +54,14 @@ def assert_error(response, status: int, code: str) -> None:
             422,
             "invalid_payload",
         ),
+        ("order", b'{"business_no": "A-1", "note": "a\\u0000b"}', 422, "invalid_payload"),
+        ("order", b'{"business_no": "A-1", "note": "\\ud800"}', 422, "invalid_payload"),
+        (
+            "status",
+            b'{"business_no": "A-1", "status": "paid", "occurred_at": "0001-01-01T00:00:00+01:00"}',
+            422,
+            "invalid_payload",
+        ),
         ("nosuchline", b'{"business_no": "A-1"}', 404, "unknown_line"),
     ],
 )
@@ -171,3 +179,24 @@ def test_records_list_filters_and_walks_pages_by_cursor(harness, signed):
 def test_unknown_path_and_method_get_json_errors(signed):
     assert_error(signed.get("/nowhere"), 404, "not_found")
     assert_error(signed.delete("/v1/order"), 405, "method_not_allowed")
+
+
+def test_a_rejected_request_sent_again_with_its_nonce_is_admitted_once_there_is_room(harness):
+    harness.configure(
+        intake_keys=json.dumps({KEY_ID: SECRET}),
+        lines__order__max_queue_length="1",
+        lines__order__overflow="reject",
+    )
+    client = harness.start_intake()
+    assert post(client, "order", b'{"business_no": "FIRST"}').status_code == 202
+    body = b'{"business_no": "SECOND"}'
+    refused = post(client, "order", body, nonce="n-2")
+    assert refused.status_code == 429
+    again = post(client, "order", body, nonce="n-2")
+    assert again.status_code == 429  # still full
+    harness.runtime().redis.delete("order")  # room appears
+    admitted = post(client, "order", body, nonce="n-2")
+    assert admitted.status_code == 202
+    assert admitted.json()["status"] == "enqueued"
+    assert admitted.json()["id"] == refused.json()["id"]
+    assert harness.record_count() == 2

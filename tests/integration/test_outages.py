@@ -49,6 +49,8 @@ def test_unreachable_journal_answers_503_and_enqueues_nothing(harness, tmp_path,
     assert response.status_code == 503
     assert response.json()["error"]["code"] == "journal_unavailable"
     assert "A-1" not in response.text
+    assert "sqlite" not in response.text.lower()
+    assert "postgresql" not in response.text.lower()
     ready = client.get("/readyz")
     assert ready.status_code == 503
     assert ready.json()["failed"] == ["journal"]

@@ -43,6 +43,8 @@ def test_signature_matches_the_documented_formula():
         (headers(), 1301),  # too old
         (headers(), 699),  # from the future
         (headers(ts="soon"), 1000),
+        (headers(ts="1" + "0" * 400), 1000),  # a number too large to compare
+        (headers() | {"x-signature": "é" * 64}, 1000),  # not hex, not even ASCII
         (headers(nonce="n" * 129), 1000),
         ({k: v for k, v in headers().items() if k != "x-signature"}, 1000),
         ({}, 1000),

@@ -9,7 +9,9 @@ from datetime import UTC, datetime
 
 from pydantic import SecretStr
 
+from app.redis_client import masked_url
 from app.settings import WebhookKind, WebhookSettings
+from app.sinks import redact_url
 from app.throttle import Throttle
 from app.webhooks import AlertEvent, Event, build_request, dingtalk_sign
 
@@ -92,3 +94,9 @@ def test_slack_webhook_posts_text():
     hook = WebhookSettings(kind=WebhookKind.SLACK, url="https://hooks.example/T/B/X")
     body = json.loads(build_request(hook, ALERT, now_ms=1).content)
     assert body == {"text": "QUEUE_FULL [order] (x4): queue 'order' is full"}
+
+
+def test_urls_shown_in_errors_and_output_carry_no_secrets():
+    assert redact_url("https://user:pw@host:8443/in?token=abc") == "https://host:8443/in"
+    assert masked_url("redis://:s3cret@127.0.0.1:6379/0") == "redis://:***@127.0.0.1:6379/0"
+    assert masked_url("redis://127.0.0.1:6379/0") == "redis://127.0.0.1:6379/0"
