@@ -11,26 +11,17 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 
 import httpx
-from sqlalchemy import Connection, insert, select, update
 from sqlalchemy.exc import SQLAlchemyError
 
 from app.errors import JournalUnavailable
 from app.ids import new_id
 from app.journal import store
-from app.journal.models import (
-    UNFINISHED,
-    Record,
-    RecordStatus,
-    order_status,
-    records,
-    replays,
-    sink_rows,
-)
+from app.journal.models import UNFINISHED, Record, RecordStatus
 from app.journal.store import RecordFilter
 from app.lines import Line
 from app.logs import get_logger
 from app.runtime import Runtime
-from app.sinks import KEYED_TABLES, occurred_at
+from app.sinks import newest_statuses, occurred_at, stored_rows
 from app.webhooks import Event
 
 log = get_logger(__name__)
@@ -101,14 +92,13 @@ def replay(
     replay_id = new_id(clock())
     try:
         with rt.engine.begin() as conn:
-            conn.execute(
-                insert(replays).values(
-                    id=replay_id,
-                    actor=actor[:128],
-                    filter=where.describe(),
-                    dry_run=dry_run,
-                    started_at=clock(),
-                )
+            store.start_replay(
+                conn,
+                replay_id=replay_id,
+                actor=actor,
+                where=where.describe(),
+                dry_run=dry_run,
+                now=clock(),
             )
         cursor: str | None = None
         while True:
@@ -123,11 +113,7 @@ def replay(
             if on_page:
                 on_page(len(page))
         with rt.engine.begin() as conn:
-            conn.execute(
-                update(replays)
-                .where(replays.c.id == replay_id)
-                .values(counts=asdict(counts), finished_at=clock())
-            )
+            store.finish_replay(conn, replay_id=replay_id, counts=asdict(counts), now=clock())
     except SQLAlchemyError as exc:
         raise JournalUnavailable(f"replay failed: {type(exc).__name__}") from exc
     log.info("replay_finished", replay_id=replay_id, dry_run=dry_run, **asdict(counts))
@@ -175,7 +161,7 @@ def _replay_page(
         with rt.engine.begin() as conn:
             for record_id in synced:  # downstream has it: it is done, whatever we thought
                 store.mark_done(conn, record_id, now=now, only_from=DEFAULT_STATUSES)
-            _claim_for_replay(conn, todo, now=now)
+            store.claim_as_enqueued(conn, todo, now=now, fresh_attempts=True)
         outcome = rt.admission.push(
             line.queue, [r.id for r in todo], max_length=line.settings.max_queue_length
         )
@@ -191,26 +177,6 @@ def _replay_page(
         counts.by_line[line_name] = counts.by_line.get(line_name, 0) + len(pushed) + len(left)
 
 
-def _claim_for_replay(conn: Connection, todo: list[Record], *, now: datetime) -> None:
-    """`… → enqueued` with a fresh set of attempts, guarded by the status each was read in."""
-    by_status: dict[RecordStatus, list[str]] = {}
-    for record in todo:
-        by_status.setdefault(record.status, []).append(record.id)
-    for status, ids in by_status.items():
-        conn.execute(
-            update(records)
-            .where(records.c.id.in_(ids), records.c.status == status.value)
-            .values(
-                status=RecordStatus.ENQUEUED.value,
-                attempts=0,
-                next_attempt_at=None,
-                finished_at=None,
-                queue_epoch=None,
-                updated_at=now,
-            )
-        )
-
-
 def _downstream_has(rt: Runtime, line: Line, batch: list[Record]) -> set[str]:
     """Ids of the records of `batch` whose effect downstream already has."""
     if line.handler is not None:
@@ -221,32 +187,20 @@ def _downstream_has(rt: Runtime, line: Line, batch: list[Record]) -> set[str]:
     business_nos = list({r.business_no for r in batch})
     with rt.engine.connect() as conn:
         if line.name == "status":
-            rows = conn.execute(
-                select(order_status.c.business_no, order_status.c.occurred_at).where(
-                    order_status.c.business_no.in_(business_nos)
-                )
-            )
-            newest: dict[str, datetime] = {row[0]: row[1] for row in rows}
+            newest = newest_statuses(conn, business_nos)
             return {
                 r.id
                 for r in batch
                 if r.business_no in newest and newest[r.business_no] >= occurred_at(r)
             }
-        table = KEYED_TABLES.get(line.name)
-        sink = table if table is not None else sink_rows
-        query = select(sink.c.business_no, sink.c.record_id, sink.c.payload).where(
-            sink.c.business_no.in_(business_nos)
-        )
-        if table is None:
-            query = query.where(sink_rows.c.line == line.name)
-        stored = {row[0]: (row[1], row[2]) for row in conn.execute(query)}
+        stored = stored_rows(conn, line.name, business_nos)
     # Downstream has a record when its row was written by it, or holds the same payload;
     # a row of another record with other content does not count.
     return {
         r.id
         for r in batch
-        if (r.business_no in stored and r.id == stored[r.business_no][0])
-        or (r.business_no in stored and stored[r.business_no][1] == r.payload)
+        if r.business_no in stored
+        and (stored[r.business_no][0] == r.id or stored[r.business_no][1] == r.payload)
     }
 
 

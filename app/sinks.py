@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import httpx
-from sqlalchemy import Connection, Table
+from sqlalchemy import Connection, Table, select
 from sqlalchemy.dialects import postgresql, sqlite
 
 from app.errors import DeliveryFailed
@@ -108,3 +108,23 @@ def redact_url(url: str) -> str:
 def make_http_client() -> httpx.Client:
     """The HTTP sink's client: pooled, bounded timeouts, no redirects followed."""
     return httpx.Client(timeout=HTTP_TIMEOUT_S, follow_redirects=False)
+
+
+def stored_rows(conn: Connection, line: str, business_nos: list[str]) -> dict[str, tuple[str, Any]]:
+    """`{business_no: (record_id, payload)}` the table sink holds for `line`."""
+    table = KEYED_TABLES.get(line)
+    sink = table if table is not None else sink_rows
+    query = select(sink.c.business_no, sink.c.record_id, sink.c.payload).where(
+        sink.c.business_no.in_(business_nos)
+    )
+    if table is None:
+        query = query.where(sink_rows.c.line == line)
+    return {row[0]: (row[1], row[2]) for row in conn.execute(query)}
+
+
+def newest_statuses(conn: Connection, business_nos: list[str]) -> dict[str, datetime]:
+    """`{business_no: occurred_at}` of the newest status the table sink holds."""
+    query = select(order_status.c.business_no, order_status.c.occurred_at).where(
+        order_status.c.business_no.in_(business_nos)
+    )
+    return {row[0]: row[1] for row in conn.execute(query)}

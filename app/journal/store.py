@@ -9,10 +9,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, and_, delete, func, or_, select, update
+from sqlalchemy import Connection, and_, delete, func, insert, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
-from app.journal.models import UNFINISHED, Record, RecordStatus, Source, records
+from app.journal.models import UNFINISHED, Record, RecordStatus, Source, records, replays
 
 # A delivered record is done whatever happened to it meanwhile, unless it is already final.
 DONE_FROM = (*UNFINISHED,)
@@ -277,16 +277,56 @@ def claim_due(
     if conn.dialect.name == "postgresql":
         query = query.with_for_update(skip_locked=True)
     claimed = [Record.from_row(row) for row in conn.execute(query)]
+    claim_as_enqueued(conn, claimed, now=now)
+    return claimed
+
+
+def claim_as_enqueued(
+    conn: Connection, claimed: Sequence[Record], *, now: datetime, fresh_attempts: bool = False
+) -> None:
+    """`… → enqueued` with no epoch (until pushed), each guarded by the status it was read
+    in. `fresh_attempts` (replay) starts the count of attempts again."""
     by_status: dict[RecordStatus, list[str]] = {}
     for record in claimed:
         by_status.setdefault(record.status, []).append(record.id)
+    values: dict[str, Any] = {
+        "status": RecordStatus.ENQUEUED.value,
+        "queue_epoch": None,
+        "updated_at": now,
+    }
+    if fresh_attempts:
+        values |= {"attempts": 0, "next_attempt_at": None, "finished_at": None}
     for status, ids in by_status.items():
         conn.execute(
             update(records)
             .where(records.c.id.in_(ids), records.c.status == status.value)
-            .values(status=RecordStatus.ENQUEUED.value, queue_epoch=None, updated_at=now)
+            .values(**values)
         )
-    return claimed
+
+
+def start_replay(
+    conn: Connection,
+    *,
+    replay_id: str,
+    actor: str,
+    where: dict[str, Any],
+    dry_run: bool,
+    now: datetime,
+) -> None:
+    """The audit row of a replay, as it starts."""
+    conn.execute(
+        insert(replays).values(
+            id=replay_id, actor=actor[:128], filter=where, dry_run=dry_run, started_at=now
+        )
+    )
+
+
+def finish_replay(
+    conn: Connection, *, replay_id: str, counts: dict[str, Any], now: datetime
+) -> None:
+    conn.execute(
+        update(replays).where(replays.c.id == replay_id).values(counts=counts, finished_at=now)
+    )
 
 
 def put_back(conn: Connection, claimed: Sequence[Record], *, now: datetime) -> None:

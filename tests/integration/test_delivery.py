@@ -114,6 +114,8 @@ def test_always_failing_handler_ends_dead_after_max_attempts(harness):
     assert final.attempts == 4
     assert final.finished_at is not None
     assert "always fails" in (final.last_error or "")
+    # The worker logs after it commits: give its log line a moment to land.
+    worker.wait_for_output("alert=TASK_DEAD", timeout_s=10)
     output = worker.output()
     assert output.count("record_dead") == 1
     assert "alert=TASK_DEAD" in output

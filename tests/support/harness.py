@@ -95,14 +95,18 @@ class Harness:
         self.components.append(component)
         return component.start()
 
-    def start_worker(self, line: str, *, pool: str = "solo", concurrency: int = 1) -> Component:
+    def start_worker(
+        self, line: str, *, pool: str = "solo", concurrency: int = 1, wait: bool = True
+    ) -> Component:
         worker = self._component("worker", line, "--pool", pool, "--concurrency", str(concurrency))
-        worker.wait_for_output(" ready.", timeout_s=40)
+        if wait:
+            worker.wait_for_output(" ready.", timeout_s=40)
         return worker
 
-    def start_beat(self) -> Component:
+    def start_beat(self, *, wait: bool = True) -> Component:
         beat = self._component("beat")
-        beat.wait_for_output("beat: Starting", timeout_s=40)
+        if wait:
+            beat.wait_for_output("beat: Starting", timeout_s=40)
         return beat
 
     def run(self, *args: str) -> Component:

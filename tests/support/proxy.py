@@ -88,15 +88,24 @@ class IdleProxy:
                         with contextlib.suppress(OSError):
                             writer.close()
 
-    def stop(self) -> None:
-        def _shutdown() -> None:
-            self.reaper.cancel()
-            self.server.close()
-            for pair in self.pairs:
-                for writer in pair.writers:
-                    with contextlib.suppress(OSError):
-                        writer.close()
-            self.loop.stop()
+    async def _shutdown(self) -> None:
+        self.server.close()
+        for pair in self.pairs:
+            for writer in pair.writers:
+                with contextlib.suppress(OSError):
+                    writer.close()
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for pair in self.pairs:
+            for writer in pair.writers:
+                with contextlib.suppress(OSError, asyncio.CancelledError):
+                    await writer.wait_closed()
 
-        self.loop.call_soon_threadsafe(_shutdown)
+    def stop(self) -> None:
+        """Close every connection and the listener, then end the loop's thread."""
+        asyncio.run_coroutine_threadsafe(self._shutdown(), self.loop).result(timeout=10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(timeout=10)
+        self.loop.close()
