@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
+import threading
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -180,3 +181,28 @@ def test_retention_deletes_old_done_records_only(harness):
         keep.append(fresh.id)
     assert purge(rt, now=utcnow()) == 5
     assert sorted(r.id for r in harness.records()) == sorted(keep)
+
+
+def test_two_sweepers_at_once_push_each_record_once(harness):
+    rt = harness.runtime()
+    other = harness.runtime()  # a second beat's pool of connections
+    old = utcnow() - timedelta(minutes=5)
+    ids = set()
+    with rt.engine.begin() as conn:
+        for n in range(300):
+            record, _ = store.insert_record(conn, new_record("order", f"C-{n}", now=old), now=old)
+            ids.add(record.id)
+    barrier = threading.Barrier(2)
+
+    def run(runtime) -> None:
+        barrier.wait(timeout=10)
+        sweep(runtime, now=utcnow())
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in (rt, other)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    queued = [json.loads(m)["headers"]["id"] for m in rt.redis.lrange("order", 0, -1)]
+    assert sorted(queued) == sorted(ids)  # every record once, none twice
+    assert {r.status for r in harness.records()} == {RecordStatus.ENQUEUED}
