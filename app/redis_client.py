@@ -15,7 +15,7 @@ from app.settings import Settings
 
 # Used where no settings exist (a server we started ourselves).
 DEFAULT_OPTIONS: dict[str, Any] = {
-    "health_check_interval": 10,
+    "health_check_interval": 2,
     "socket_keepalive": True,
     "socket_connect_timeout": 2.0,
     "socket_timeout": 5.0,

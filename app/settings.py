@@ -130,7 +130,7 @@ class Settings(BaseSettings):
     retention_interval_seconds: float = Field(default=3600, gt=0)
     retention_batch_size: int = Field(default=1000, ge=1)
     # Connection rules of every Redis client (DESIGN §11); 0 turns one off.
-    redis_health_check_interval_seconds: float = Field(default=10, ge=0)
+    redis_health_check_interval_seconds: float = Field(default=2, ge=0)
     redis_socket_timeout_seconds: float = Field(default=5, ge=0)
     redis_connect_timeout_seconds: float = Field(default=2, ge=0)
     redis_socket_keepalive: bool = True
