@@ -11,6 +11,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from app.embedded_redis import RedisServer
+from app.liveness import live_workers
 from tests.support.processes import free_port
 from tests.support.proxy import IdleProxy
 
@@ -53,7 +54,15 @@ def test_schedule_through_a_proxy_that_mistreats_idle_connections(harness, tmp_p
             "--misfire",
             "fire_all",
         ).process.wait(timeout=60)
-        time.sleep(RUN_S)
+        # A live worker must stay in the registry all along: its heartbeat connection idles
+        # between beats, so the proxy mistreats it every time.
+        registry = server.client()
+        live_samples = []
+        deadline = time.monotonic() + RUN_S
+        while time.monotonic() < deadline:
+            time.sleep(1)
+            live_samples.append(len(live_workers(registry, "order")))
+        registry.close()
         beat.stop()
         stopped = datetime.now(UTC)
 
@@ -72,6 +81,7 @@ def test_schedule_through_a_proxy_that_mistreats_idle_connections(harness, tmp_p
         final = harness.wait_until_final({r.id for r in fired}, timeout_s=60)
         assert {r.status.value for r in final.values()} == {"done"}
         assert proxy.dropped > 0, "the proxy never had an idle connection to mistreat"
+        assert min(live_samples[5:]) == 1, f"the live worker left the registry: {live_samples}"
         print(
             f"\nproxy {mode}: {len(times)} fires, all done; {proxy.dropped} idle connections "
             f"{'dropped' if mode == 'drop' else 'closed'}"
