@@ -17,6 +17,9 @@ import pytest
 from tests.support.processes import wait_for
 from tests.support.recorder import Recorder
 
+# A scenario loads 2,100 records, injects its fault, then waits up to 180 s for the ledger.
+pytestmark = pytest.mark.timeout(420)
+
 
 def kill_group(pid: int) -> None:
     os.killpg(pid, signal.SIGKILL)

@@ -10,12 +10,16 @@ import sys
 import time
 from datetime import timedelta
 
+import pytest
 from sqlalchemy import func, insert, select
 
 from app.clock import utcnow
 from app.ids import new_id
 from app.journal.models import RecordStatus, orders, records
 from tests.support.processes import REPO
+
+# Seeding and replaying 100,000 rows twice takes about a minute on this kind of machine.
+pytestmark = pytest.mark.timeout(420)
 
 ROWS = 100_000
 BASELINE_ROWS = 1_000
