@@ -18,7 +18,10 @@ from app.errors import JournalUnavailable
 from app.logs import get_logger
 from app.runner import run_record
 from app.runtime import Runtime
-from workers import heartbeat  # noqa: F401 - connects the heartbeat to the worker's signals
+from workers import (
+    heartbeat,  # noqa: F401 - connects the heartbeat to the worker's signals
+    kombu_restore,  # noqa: F401 - keeps the consumer alive through a Redis loss
+)
 
 log = get_logger(__name__)
 # How long a worker waits before handing back a message it could not journal.

@@ -1,0 +1,33 @@
+"""Keep a worker's consumer alive when Redis goes away while it holds unacked messages.
+
+When the broker connection is lost, kombu closes the channel and tries to put the messages
+the worker held back on their queues, over the connection that just died. The error it
+raises there stops Celery's consumer from reconnecting: the worker stays up, consumes
+nothing, and keeps its heartbeat (seen in the chaos test that kills Redis). Skipping that
+restore loses nothing: the messages are still in Redis's unacked set (kombu returns them
+after the visibility timeout) or were lost with Redis, and the journal re-enqueues those."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis
+from kombu.transport import redis as kombu_redis
+
+from app.logs import get_logger
+
+log = get_logger(__name__)
+
+_restore_unacked = kombu_redis.QoS.restore_unacked
+
+
+def _restore_unacked_or_skip(self: Any, client: Any = None) -> Any:
+    try:
+        return _restore_unacked(self, client)  # type: ignore[no-untyped-call]
+    except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+        log.warning("unacked_restore_skipped", held=len(self._delivered), error=str(exc))
+        self._delivered.clear()
+        return None
+
+
+kombu_redis.QoS.restore_unacked = _restore_unacked_or_skip  # type: ignore[method-assign]
