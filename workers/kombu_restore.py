@@ -24,7 +24,8 @@ _restore_unacked = kombu_redis.QoS.restore_unacked
 def _restore_unacked_or_skip(self: Any, client: Any = None) -> Any:
     try:
         return _restore_unacked(self, client)  # type: ignore[no-untyped-call]
-    except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+    # AttributeError: kombu tore the connection down first (its client info is gone).
+    except (redis.ConnectionError, redis.TimeoutError, OSError, AttributeError) as exc:
         log.warning("unacked_restore_skipped", held=len(self._delivered), error=str(exc))
         self._delivered.clear()
         return None
