@@ -1,4 +1,5 @@
-"""Keep a worker's consumer alive when Redis goes away while it holds unacked messages.
+"""Keep a worker alive when Redis goes away under kombu: a failed restore or ack on a dead
+or torn-down channel is logged and skipped instead of ending the consumer or the worker.
 
 When the broker connection is lost, kombu closes the channel and tries to put the messages
 the worker held back on their queues, over the connection that just died. The error it
@@ -32,3 +33,20 @@ def _restore_unacked_or_skip(self: Any, client: Any = None) -> Any:
 
 
 kombu_redis.QoS.restore_unacked = _restore_unacked_or_skip  # type: ignore[method-assign]
+
+
+_ack = kombu_redis.QoS.ack
+
+
+def _ack_or_skip(self: Any, delivery_tag: Any) -> Any:
+    """An ack on a channel kombu already tore down raises `AttributeError`, which Celery
+    treats as unrecoverable and the worker exits. The message's record is journaled: if
+    the ack is lost, the message comes back and its second run does nothing."""
+    try:
+        return _ack(self, delivery_tag)  # type: ignore[no-untyped-call]
+    except (redis.ConnectionError, redis.TimeoutError, OSError, AttributeError) as exc:
+        log.warning("ack_skipped", error=str(exc))
+        return None
+
+
+kombu_redis.QoS.ack = _ack_or_skip  # type: ignore[method-assign]
