@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import redis
 
 from app.errors import BrokerUnavailable
+from app.redis_client import as_text
 
 # The one task every line's worker runs; its queue tells the line (DESIGN §8).
 TASK_NAME = "pipeline.process"
@@ -128,12 +129,12 @@ class Admission:
             )
         except redis.RedisError as exc:
             raise BrokerUnavailable(f"push to {queue!r} failed: {exc}") from exc
-        return PushResult(pushed=int(pushed), depth=int(depth), epoch=_text(epoch))
+        return PushResult(pushed=int(pushed), depth=int(depth), epoch=as_text(epoch))
 
     def epoch(self) -> str:
         """The current epoch (made now if Redis has none). Raises `BrokerUnavailable`."""
         try:
-            return _text(self._epoch_script(keys=[EPOCH_KEY], args=[str(uuid.uuid4())]))
+            return as_text(self._epoch_script(keys=[EPOCH_KEY], args=[str(uuid.uuid4())]))
         except redis.RedisError as exc:
             raise BrokerUnavailable(f"reading the epoch failed: {exc}") from exc
 
@@ -143,7 +144,3 @@ class Admission:
             return int(self._client.llen(queue))
         except redis.RedisError as exc:
             raise BrokerUnavailable(f"LLEN {queue!r} failed: {exc}") from exc
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value

@@ -15,6 +15,7 @@ import httpx
 
 from app.logs import get_logger
 from app.settings import Settings
+from app.telemetry import Counter, Telemetry
 from app.throttle import Throttle
 from app.webhooks import AlertEvent, Event, build_request
 
@@ -29,9 +30,16 @@ FLUSH_INTERVAL_S = 0.5
 class Alerter:
     """Throttles, logs and sends alerts of one process."""
 
-    def __init__(self, settings: Settings, *, clock: Callable[[], datetime]) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        clock: Callable[[], datetime],
+        telemetry: Telemetry | None = None,
+    ) -> None:
         self._hooks = list(settings.alert_webhooks)
         self._clock = clock
+        self._telemetry = telemetry
         self._throttle = Throttle(window_s=settings.alert_window_seconds)
         self._buffer: deque[AlertEvent] = deque()
         self._buffer_size = settings.alert_buffer_size
@@ -49,6 +57,8 @@ class Alerter:
             alert = AlertEvent(
                 event=event, line=line, time=now, count=1, message=message, details=details
             )
+            if self._telemetry is not None:
+                self._telemetry.count(Counter.ALERTS, event=event.value, line=line or "")
             with self._lock:
                 count = self._throttle.offer((event, line), alert, now_s=time.monotonic())
                 if count is not None:
@@ -66,6 +76,16 @@ class Alerter:
             message=alert.message,
             **alert.details,
         )
+        if self._telemetry is not None:
+            self._telemetry.note_alert(
+                {
+                    "event": alert.event.value,
+                    "line": alert.line,
+                    "time": alert.time.isoformat(),
+                    "count": alert.count,
+                    "message": alert.message,
+                }
+            )
         if self._thread is None:
             # Also without webhooks: it releases the folded counts of closed windows.
             self._thread = threading.Thread(target=self._run, name="alerts", daemon=True)

@@ -132,6 +132,26 @@ def beat() -> None:
 
 
 @cli.command()
+def flower(
+    port: Annotated[int | None, typer.Option(help="Overrides PIPELINE_FLOWER_PORT.")] = None,
+    host: Annotated[str | None, typer.Option(help="Overrides PIPELINE_FLOWER_HOST.")] = None,
+) -> None:
+    """Run Flower, Celery's dashboard, over the pipeline's broker, behind basic auth."""
+    from app.celery_app import create_celery  # noqa: PLC0415
+    from app.flower import flower_argv, generated_basic_auth  # noqa: PLC0415
+
+    settings = _settings()
+    if settings.flower_basic_auth is None:
+        credentials = generated_basic_auth()
+        print(f"flower: basic auth {credentials} (set PIPELINE_FLOWER_BASIC_AUTH to choose)")
+    else:
+        credentials = settings.flower_basic_auth.get_secret_value()
+    # Through the environment, not argv: `ps` shows a command line to every user.
+    os.environ["FLOWER_BASIC_AUTH"] = credentials
+    create_celery(settings).start(flower_argv(settings, host=host, port=port))
+
+
+@cli.command()
 def status() -> None:
     """Show each line: queue depth / bound, policy, journal counts, oldest unfinished age."""
     from app.clock import utcnow  # noqa: PLC0415

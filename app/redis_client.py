@@ -46,3 +46,8 @@ def masked_url(url: str) -> str:
         return url
     netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
     return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+
+
+def as_text(value: bytes | str) -> str:
+    """A Redis reply as text (clients may or may not decode replies)."""
+    return value.decode() if isinstance(value, bytes) else value

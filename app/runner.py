@@ -17,13 +17,15 @@ from app.journal.models import Record, RecordStatus
 from app.logs import get_logger
 from app.runtime import Runtime
 from app.sinks import deliver_http, write_table_sink
+from app.telemetry import Counter
 from app.webhooks import Event
 
 log = get_logger(__name__)
 
 
-def _deliver(rt: Runtime, record: Record, clock: Callable[[], datetime]) -> None:
-    """Hand `record` to its line's handler or sink, then mark it done."""
+def _deliver(rt: Runtime, record: Record, clock: Callable[[], datetime]) -> bool:
+    """Hand `record` to its line's handler or sink, then mark it done. False when another
+    run had finished it meanwhile."""
     line = rt.lines.get(record.line)
     if line.handler is not None:
         line.handler(record)
@@ -33,11 +35,12 @@ def _deliver(rt: Runtime, record: Record, clock: Callable[[], datetime]) -> None
         # The table sink writes in the transaction that marks the record done: exactly once,
         # and never for a record another run has finished meanwhile.
         with rt.engine.begin() as conn:
-            if store.mark_done(conn, record.id, now=clock()):
+            marked = store.mark_done(conn, record.id, now=clock())
+            if marked:
                 write_table_sink(conn, record, now=clock())
-        return
+        return marked
     with rt.engine.begin() as conn:
-        store.mark_done(conn, record.id, now=clock())
+        return store.mark_done(conn, record.id, now=clock())
 
 
 def run_record(
@@ -71,11 +74,13 @@ def run_record(
             rng=rng,
         )
     try:
-        _deliver(rt, record, clock)
+        marked = _deliver(rt, record, clock)
     except SQLAlchemyError as exc:
         raise JournalUnavailable(f"finishing {record_id} failed") from exc
     except Exception as exc:  # noqa: BLE001 - a handler is user code: any failure is an attempt
         return _record_failure(rt, record, exc, clock=clock, rng=rng)
+    if marked:
+        rt.telemetry.count(Counter.DONE, line=record.line)
     log.info("record_done", record_id=record.id, line=record.line, attempts=record.attempts)
     return RecordStatus.DONE
 
@@ -102,6 +107,7 @@ def _record_failure(
     if not moved:  # another run finished it meanwhile
         return RecordStatus.DONE
     if decision.dead:
+        rt.telemetry.count(Counter.DEAD, line=record.line)
         log.error("record_dead", record_id=record.id, line=record.line, attempts=record.attempts)
         rt.alerts.raise_event(
             Event.TASK_DEAD,
@@ -114,6 +120,7 @@ def _record_failure(
             error=error[:500],
         )
         return RecordStatus.DEAD
+    rt.telemetry.count(Counter.FAILED, line=record.line)
     log.warning(
         "attempt_failed",
         record_id=record.id,

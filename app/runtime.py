@@ -16,6 +16,7 @@ from app.lines import LineRegistry
 from app.redis_client import make_redis, redis_options
 from app.settings import Settings
 from app.sinks import make_http_client
+from app.telemetry import Telemetry
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -29,12 +30,14 @@ class Runtime:
     admission: Admission
     http: httpx.Client
     alerts: Alerter
+    telemetry: Telemetry
 
     @classmethod
     def build(cls, settings: Settings, *, db_pool_size: int = 5) -> Runtime:
         """Resolve the lines (raises `ConfigError`) and build the clients."""
         lines = LineRegistry.from_settings(settings)
         client = make_redis(settings.redis_url, redis_options(settings))
+        telemetry = Telemetry(client)
         return cls(
             settings=settings,
             lines=lines,
@@ -42,11 +45,13 @@ class Runtime:
             redis=client,
             admission=Admission(client),
             http=make_http_client(),
-            alerts=Alerter(settings, clock=utcnow),
+            alerts=Alerter(settings, clock=utcnow, telemetry=telemetry),
+            telemetry=telemetry,
         )
 
     def close(self) -> None:
         self.alerts.close()
+        self.telemetry.close()
         self.http.close()
         self.redis.close()
         self.engine.dispose()

@@ -137,6 +137,10 @@ class Settings(BaseSettings):
     redis_retry_on_timeout: bool = True
     # Celery's soft shutdown: a stopped worker finishes or re-queues what it holds.
     worker_soft_shutdown_seconds: float = Field(default=10, ge=0)
+    flower_host: str = "127.0.0.1"
+    flower_port: int = Field(default=5555, ge=0, le=65535)
+    # `user:password`; `pipeline up` and `pipeline flower` generate one when it is not set.
+    flower_basic_auth: SecretStr | None = None
     log_json: bool = False
     log_level: str = Field(default="INFO", pattern=r"^(DEBUG|INFO|WARNING|ERROR)$")
     lines: dict[str, LineSettings] = Field(default_factory=dict)
@@ -156,6 +160,15 @@ class Settings(BaseSettings):
                 raise TypeError(f"line {name!r} must be a table of settings")
             merged[name] = {**DEFAULT_LINES.get(name, {}), **override}
         return merged
+
+    @field_validator("flower_basic_auth")
+    @classmethod
+    def _user_and_password(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None:
+            user, sep, password = value.get_secret_value().partition(":")
+            if not (user and sep and password) or any(c.isspace() for c in user + password):
+                raise ValueError("must be user:password (no spaces)")
+        return value
 
     @model_validator(mode="after")
     def _stuck_after_visibility(self) -> Settings:

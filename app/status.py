@@ -24,29 +24,67 @@ class LineStatus:
     oldest_unfinished_age_s: float | None
 
 
+@dataclass(frozen=True, kw_only=True)
+class JournalView:
+    """What the journal says of every line."""
+
+    counts: dict[str, dict[str, int]]
+    oldest_unfinished: dict[str, datetime | None]
+
+
+@dataclass(frozen=True, kw_only=True)
+class QueueView:
+    """What Redis says of one line."""
+
+    depth: int
+    live_workers: int
+
+
+def journal_view(rt: Runtime) -> JournalView:
+    """Counts by status and oldest unfinished record, per line.
+
+    Raises `sqlalchemy.exc.SQLAlchemyError` when the journal does not answer."""
+    with rt.engine.connect() as conn:
+        return JournalView(
+            counts=store.counts_by_status(conn),
+            oldest_unfinished={
+                line.name: store.oldest_unfinished(conn, line=line.name) for line in rt.lines
+            },
+        )
+
+
+def queue_views(rt: Runtime) -> dict[str, QueueView]:
+    """Queue depth and live workers per line. Raises `BrokerUnavailable`."""
+    return {
+        line.name: QueueView(
+            depth=rt.admission.depth(line.queue),
+            live_workers=len(live_workers(rt.redis, line.name)),
+        )
+        for line in rt.lines
+    }
+
+
 def line_statuses(rt: Runtime, *, now: datetime) -> list[LineStatus]:
     """Every line's status. Depth and live workers are None when Redis does not answer.
 
     Raises `sqlalchemy.exc.SQLAlchemyError` when the journal does not answer."""
-    with rt.engine.connect() as conn:
-        counts = store.counts_by_status(conn)
-        oldest = {line.name: store.oldest_unfinished(conn, line=line.name) for line in rt.lines}
+    journal = journal_view(rt)
+    try:
+        queues: dict[str, QueueView] = queue_views(rt)
+    except BrokerUnavailable:
+        queues = {}
     rows = []
     for line in rt.lines:
-        try:
-            depth: int | None = rt.admission.depth(line.queue)
-            live: int | None = len(live_workers(rt.redis, line.name))
-        except BrokerUnavailable:
-            depth = live = None
-        started = oldest[line.name]
+        started = journal.oldest_unfinished[line.name]
+        queue = queues.get(line.name)
         rows.append(
             LineStatus(
                 line=line.name,
-                queue_depth=depth,
+                queue_depth=queue.depth if queue else None,
                 max_queue_length=line.settings.max_queue_length,
                 overflow=line.settings.overflow.value,
-                live_workers=live,
-                counts=counts.get(line.name, {}),
+                live_workers=queue.live_workers if queue else None,
+                counts=journal.counts.get(line.name, {}),
                 oldest_unfinished_age_s=(now - started).total_seconds() if started else None,
             )
         )

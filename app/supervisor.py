@@ -17,6 +17,7 @@ from pathlib import Path
 from types import FrameType
 
 from app.embedded_redis import RedisServer, answers
+from app.flower import generated_basic_auth
 from app.journal.engine import make_engine
 from app.journal.schema import upgrade
 from app.redis_client import masked_url
@@ -81,13 +82,26 @@ class Stack:
         for line in self.settings.lines:
             self.children.append(Child(f"worker {line}", self._component("worker", line)))
         self.children.append(Child("beat", self._component("beat")))
+        self.children.append(Child("flower", self._component("flower")))
         env = dict(os.environ)
+        flower_auth = self.settings.flower_basic_auth
+        if flower_auth is None:
+            credentials = generated_basic_auth()
+            env["PIPELINE_FLOWER_BASIC_AUTH"] = credentials
+        else:
+            credentials = flower_auth.get_secret_value()
         for child in self.children:
             child.start(env)
             assert child.process is not None
             print(f"{child.name:<9} started (pid {child.process.pid})")
         host = "127.0.0.1" if self.settings.dev_mode else self.settings.intake_host
         print(f"intake    listening on http://{host}:{self.settings.intake_port}")
+        flower_url = f"http://{self.settings.flower_host}:{self.settings.flower_port}"
+        if flower_auth is None:
+            user, _, password = credentials.partition(":")
+            print(f"flower    {flower_url} (user {user}, password {password}; shown once)")
+        else:
+            print(f"flower    {flower_url} (PIPELINE_FLOWER_BASIC_AUTH)")
 
     def wait(self) -> int:
         """Block until a signal asks us to stop or a child dies; returns the exit code."""

@@ -20,6 +20,7 @@ from app.journal.models import Record, RecordStatus
 from app.lines import Line
 from app.logs import get_logger
 from app.runtime import Runtime
+from app.telemetry import Counter
 from app.webhooks import Event
 
 log = get_logger(__name__)
@@ -50,7 +51,10 @@ def sweep(rt: Runtime, *, now: datetime) -> SweepResult:
         log.warning("sweep_broker_down", error=str(exc))
     except SQLAlchemyError as exc:
         raise JournalUnavailable(f"sweep failed: {type(exc).__name__}: {exc}") from exc
+    for line_name, count in result.enqueued.items():
+        rt.telemetry.count(Counter.SWEEP_ENQUEUED, count, line=line_name)
     for line_name, count in result.recovered.items():
+        rt.telemetry.count(Counter.SWEEP_RECOVERED, count, line=line_name)
         rt.alerts.raise_event(
             Event.RECOVERED,
             line=line_name,

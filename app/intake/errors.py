@@ -11,6 +11,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app import errors
 from app.logs import get_logger
+from app.runtime import Runtime
+from app.telemetry import Counter, Outcome
 
 log = get_logger(__name__)
 
@@ -34,6 +36,31 @@ class MalformedBody(errors.InvalidPayload):
     code = "malformed_body"
 
 
+# How a refused `POST /v1/{line}` is counted in `pipeline_intake_requests_total`.
+OUTCOME_BY_STATUS = {
+    400: Outcome.INVALID,
+    404: Outcome.INVALID,
+    413: Outcome.INVALID,
+    422: Outcome.INVALID,
+    401: Outcome.UNAUTHORIZED,
+    409: Outcome.CONFLICT,
+    503: Outcome.UNAVAILABLE,
+}
+# The endpoint whose answers are counted by outcome.
+COUNTED_ENDPOINT = "post_record"
+
+
+def count_outcome(request: Request, outcome: Outcome) -> None:
+    """Count one answer of `POST /v1/{line}`; an unknown line is counted as `unknown`."""
+    endpoint = request.scope.get("endpoint")
+    if getattr(endpoint, "__name__", None) != COUNTED_ENDPOINT:
+        return
+    rt: Runtime = request.app.state.runtime
+    line = request.path_params.get("line", "")
+    label = line if line in rt.lines.names() else "unknown"
+    rt.telemetry.count(Counter.INTAKE, line=label, outcome=outcome.value)
+
+
 def error_response(status: int, code: str, message: str) -> JSONResponse:
     return JSONResponse({"error": {"code": code, "message": message}}, status_code=status)
 
@@ -47,9 +74,11 @@ def _status_for(exc: errors.PipelineError) -> int:
     return 500
 
 
-async def _pipeline_error(_request: Request, exc: Exception) -> JSONResponse:
+async def _pipeline_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, errors.PipelineError)
     status = _status_for(exc)
+    if status in OUTCOME_BY_STATUS:
+        count_outcome(request, OUTCOME_BY_STATUS[status])
     message = exc.message
     if status >= 500:
         # The details (hosts, SQL) are for our log, not for the caller.

@@ -7,11 +7,12 @@ import hmac
 import random
 import time
 from datetime import datetime
+from importlib import resources
 from typing import Annotated, Any
 
 import anyio
 from fastapi import APIRouter, Depends, Query, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import text
 from sqlalchemy.exc import SQLAlchemyError
@@ -22,6 +23,7 @@ from app.clock import utcnow
 from app.errors import (
     AdminForbidden,
     AdminRequired,
+    BrokerUnavailable,
     JournalUnavailable,
     NonceReused,
     RecordNotFound,
@@ -32,12 +34,21 @@ from app.intake.signing import Caller, verify
 from app.journal import store
 from app.journal.models import RecordStatus, Source
 from app.journal.store import NewRecord, RecordFilter
+from app.metrics import CONTENT_TYPE, render
 from app.replay import DEFAULT_STATUSES, ReplayFilter, replay
 from app.runner import run_record
 from app.runtime import Runtime
 from app.status import line_statuses, public
+from app.telemetry import Counter, Outcome, recent_alerts
 
 router = APIRouter()
+STATUS_PAGE = resources.files("app.intake").joinpath("static", "status.html")
+_OUTCOME_BY_STATUS = {
+    RecordStatus.ENQUEUED: Outcome.ACCEPTED,
+    RecordStatus.RECEIVED: Outcome.RECEIVED,
+    RecordStatus.DEFERRED: Outcome.DEFERRED,
+    RecordStatus.REJECTED: Outcome.REJECTED,
+}
 _rng = random.Random()  # noqa: S311 - backoff jitter, not cryptography
 
 # What `POST /v1/{line}` takes, for the OpenAPI document (the body is read raw to sign it).
@@ -138,6 +149,30 @@ def lines(rt: RuntimeDep) -> dict[str, Any]:
     except SQLAlchemyError as exc:
         raise JournalUnavailable() from exc
     return {"lines": [public(row) for row in rows]}
+
+
+@router.get("/v1/alerts")
+def alerts(rt: RuntimeDep, limit: Annotated[int, Query(ge=1, le=50)] = 20) -> dict[str, Any]:
+    """The newest alerts first: event, line, time, count and message (no details)."""
+    try:
+        items = recent_alerts(rt.redis, limit=limit)
+    except BrokerUnavailable as exc:
+        raise BrokerUnavailable("the alert history is unavailable") from exc
+    keys = ("event", "line", "time", "count", "message")
+    return {"alerts": [{key: item.get(key) for key in keys} for item in items]}
+
+
+@router.get("/metrics")
+async def metrics(rt: RuntimeDep) -> Response:
+    """Prometheus text: per line queue depth and bound, records by status, counters."""
+    body = await run_in_threadpool(render, rt, now=utcnow())
+    return Response(body, media_type=CONTENT_TYPE)
+
+
+@router.get("/", include_in_schema=False)
+def status_page() -> HTMLResponse:
+    """The pipeline's status page: it polls `/v1/lines` and `/v1/alerts`."""
+    return HTMLResponse(STATUS_PAGE.read_text(encoding="utf-8"))
 
 
 @router.get("/v1/records/{record_id}", dependencies=[Depends(require_admin)])
@@ -248,6 +283,12 @@ async def post_record(line: str, request: Request, rt: RuntimeDep) -> JSONRespon
     if not result.created and record.body_sha256 != new.body_sha256:
         raise NonceReused("this nonce was already used with a different body")
     status = result.status
+    outcome = _OUTCOME_BY_STATUS.get(status, Outcome.ACCEPTED)
+    if not result.created:
+        outcome = Outcome.DUPLICATE
+    elif result.caller_runs:
+        outcome = Outcome.CALLER_RUN
+    rt.telemetry.count(Counter.INTAKE, line=spec.name, outcome=outcome.value)
     if result.caller_runs:
         # The line's own limiter: a slow line under caller_runs cannot take the threads
         # that other lines' requests need (DESIGN §3, isolation).

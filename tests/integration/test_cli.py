@@ -27,9 +27,11 @@ def test_pipeline_up_serves_delivers_and_leaves_no_process_after_sigint(harness,
     redis_url = f"redis://127.0.0.1:{free_port()}/0"
     assert not answers(redis_url)
     port = free_port()
+    flower_port = free_port()
     env = clean_env(
         PIPELINE_REDIS_URL=redis_url,
         PIPELINE_INTAKE_PORT=str(port),
+        PIPELINE_FLOWER_PORT=str(flower_port),
         PIPELINE_LINES__ORDER__CONCURRENCY="1",
         PIPELINE_LINES__REFUND__CONCURRENCY="1",
         PIPELINE_LINES__STATUS__CONCURRENCY="1",
@@ -70,7 +72,22 @@ def test_pipeline_up_serves_delivers_and_leaves_no_process_after_sigint(harness,
         wait_for(done, timeout_s=60, what="the posted record to be done")
         output = log_path.read_text()
         pids = {int(pid) for pid in re.findall(r"\(pid (\d+)\)", output)}
-        assert len(pids) == 6, output  # redis, intake, three workers, beat
+        assert len(pids) == 7, output  # redis, intake, three workers, beat, flower
+
+        # Flower, behind the credentials `pipeline up` generated and printed once.
+        found = re.search(r"flower .*\(user (\S+), password (\S+); shown once\)", output)
+        assert found, output
+        assert output.count(found.group(2)) == 1
+        flower = f"http://127.0.0.1:{flower_port}/api/workers"
+
+        def flower_answers() -> bool:
+            try:
+                return httpx.get(flower, auth=found.groups(), timeout=5).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_for(flower_answers, timeout_s=60, what="Flower to answer with the credentials")
+        assert httpx.get(flower, timeout=5).status_code == 401
 
         up.send_signal(signal.SIGINT)
         assert up.wait(timeout=60) == 0

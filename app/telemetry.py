@@ -1,0 +1,173 @@
+"""What every process of the pipeline reports for the operator's view: counters (intake
+outcomes, records done and dead, sweeper re-enqueues, alerts raised) and the last alerts.
+
+Each process adds to local counts, which one background thread folds into Redis every
+second (`HINCRBY` on one hash, pipelined), so `/metrics` on any intake sums every process
+on every host. Counting never blocks or fails the caller: while Redis is away the counts
+wait in memory and go with the next flush."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import Counter as Tally
+from collections import deque
+from enum import StrEnum
+from typing import Any
+
+import redis
+
+from app.errors import BrokerUnavailable
+from app.logs import get_logger
+from app.redis_client import as_text
+
+log = get_logger(__name__)
+
+COUNTERS_KEY = "pipeline:metrics"
+ALERTS_KEY = "pipeline:alerts:recent"
+# How many alerts the status page can show.
+RECENT_ALERTS = 50
+FLUSH_INTERVAL_S = 1.0
+# Label values are line names, event names and the fixed outcomes below: never these.
+_FIELD_SEPARATOR = "|"
+
+
+class Counter(StrEnum):
+    """The pipeline's counters, as Prometheus names them (without `_total`)."""
+
+    INTAKE = "pipeline_intake_requests"
+    DONE = "pipeline_records_done"
+    DEAD = "pipeline_records_dead"
+    FAILED = "pipeline_attempts_failed"
+    SWEEP_ENQUEUED = "pipeline_sweeper_enqueued"
+    SWEEP_RECOVERED = "pipeline_sweeper_recovered"
+    ALERTS = "pipeline_alerts"
+
+
+class Outcome(StrEnum):
+    """How the intake answered a `POST /v1/{line}`."""
+
+    ACCEPTED = "accepted"  # journaled and on the queue
+    RECEIVED = "received"  # journaled; Redis did not answer, the sweeper pushes it
+    DEFERRED = "deferred"
+    REJECTED = "rejected"
+    CALLER_RUN = "caller_run"
+    DUPLICATE = "duplicate"  # a replayed request: the original record, nothing new
+    INVALID = "invalid"  # 400, 404, 413, 422
+    UNAUTHORIZED = "unauthorized"  # 401
+    CONFLICT = "conflict"  # 409: a nonce reused with another body
+    UNAVAILABLE = "unavailable"  # 503
+
+
+def encode(counter: Counter, labels: dict[str, str]) -> str:
+    """The hash field of one counter series: `name|key=value|...`, keys sorted."""
+    return _FIELD_SEPARATOR.join([counter.value, *(f"{k}={labels[k]}" for k in sorted(labels))])
+
+
+def decode(field: str) -> tuple[str, dict[str, str]]:
+    """The counter name and labels of a hash field written by `encode`."""
+    name, *pairs = field.split(_FIELD_SEPARATOR)
+    labels = dict(pair.split("=", 1) for pair in pairs if "=" in pair)
+    return name, labels
+
+
+class Telemetry:
+    """One process's counts and alerts on their way to Redis."""
+
+    def __init__(self, client: redis.Redis, *, interval_s: float = FLUSH_INTERVAL_S) -> None:
+        self._client = client
+        self._interval_s = interval_s
+        self._counts: Tally[str] = Tally()
+        self._alerts: deque[str] = deque(maxlen=RECENT_ALERTS)
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._thread: threading.Thread | None = None
+        self._closing = False
+
+    def count(self, counter: Counter, amount: int = 1, **labels: str) -> None:
+        """Add `amount` to one series. Never raises, never waits on Redis."""
+        if amount <= 0:
+            return
+        with self._lock:
+            self._counts[encode(counter, labels)] += amount
+            self._ensure_thread()
+
+    def note_alert(self, alert: dict[str, Any]) -> None:
+        """Keep `alert` (event, line, time, count, message) for the status page."""
+        with self._lock:
+            self._alerts.append(json.dumps(alert, default=str))
+            self._ensure_thread()
+
+    def _ensure_thread(self) -> None:
+        if self._thread is None and not self._closing:
+            self._thread = threading.Thread(target=self._run, name="telemetry", daemon=True)
+            self._thread.start()
+
+    def flush(self) -> bool:
+        """Send what is pending; True when Redis took it (else it stays pending)."""
+        with self._lock:
+            counts, self._counts = self._counts, Tally()
+            alerts = list(self._alerts)
+            self._alerts.clear()
+        if not counts and not alerts:
+            return True
+        try:
+            with self._client.pipeline(transaction=False) as pipe:
+                for field, amount in counts.items():
+                    pipe.hincrby(COUNTERS_KEY, field, amount)
+                if alerts:
+                    pipe.lpush(ALERTS_KEY, *alerts)
+                    pipe.ltrim(ALERTS_KEY, 0, RECENT_ALERTS - 1)
+                pipe.execute()
+        except redis.RedisError as exc:
+            with self._lock:
+                self._counts.update(counts)
+                self._alerts.extendleft(reversed(alerts))
+            log.debug("telemetry_flush_failed", error=type(exc).__name__)
+            return False
+        return True
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                if not self._closing:
+                    self._wake.wait(timeout=self._interval_s)
+                closing = self._closing
+            self.flush()
+            if closing:
+                return
+
+    def close(self, *, timeout_s: float = 2.0) -> None:
+        """Flush what is pending (once, within `timeout_s`) and stop the thread."""
+        with self._lock:
+            self._closing = True
+            self._wake.notify()
+            thread = self._thread
+        if thread is not None:
+            thread.join(timeout=timeout_s)
+        else:
+            self.flush()
+
+
+def read_counters(client: redis.Redis) -> dict[str, int]:
+    """Every counter series, summed over all processes. Raises `BrokerUnavailable`."""
+    try:
+        raw = client.hgetall(COUNTERS_KEY)
+    except redis.RedisError as exc:
+        raise BrokerUnavailable(f"counters unavailable: {exc}") from exc
+    return {as_text(key): int(value) for key, value in raw.items()}
+
+
+def recent_alerts(client: redis.Redis, *, limit: int = RECENT_ALERTS) -> list[dict[str, Any]]:
+    """The newest alerts first. Raises `BrokerUnavailable`."""
+    try:
+        raw = client.lrange(ALERTS_KEY, 0, limit - 1)
+    except redis.RedisError as exc:
+        raise BrokerUnavailable(f"alerts unavailable: {exc}") from exc
+    alerts = []
+    for item in raw:
+        try:
+            alerts.append(json.loads(item))
+        except ValueError:
+            continue
+    return alerts
