@@ -78,7 +78,8 @@ def test_flower_lists_each_line_and_metrics_match_redis_and_journal(harness):
     workers: dict[str, object] = {}
 
     def flower_lists_every_line() -> bool:
-        assert flower.process is not None and flower.process.poll() is None, flower.output()
+        assert flower.process is not None
+        assert flower.process.poll() is None, flower.output()
         try:
             response = httpx.get(
                 f"{base}/api/workers",
