@@ -61,7 +61,7 @@ def browser(tmp_path):
 
 def wait(driver, predicate, what: str, timeout_s: float = 20):
     try:
-        return WebDriverWait(driver, timeout_s, poll_frequency=0.2).until(lambda d: predicate(d))
+        return WebDriverWait(driver, timeout_s, poll_frequency=0.2).until(predicate)
     except TimeoutException:
         raise AssertionError(f"timed out waiting for {what}") from None
 
