@@ -64,7 +64,7 @@ class PushResult:
     epoch: str
 
 
-def build_message(record_id: str, *, queue: str, origin: str) -> bytes:
+def build_message(record_id: str, *, queue: str, origin: str, task: str = TASK_NAME) -> bytes:
     """The Celery task message for `record_id`, as kombu's Redis transport stores it."""
     body = json.dumps(
         [[record_id], {}, {"callbacks": None, "errbacks": None, "chain": None, "chord": None}]
@@ -75,7 +75,7 @@ def build_message(record_id: str, *, queue: str, origin: str) -> bytes:
         "content-type": "application/json",
         "headers": {
             "lang": "py",
-            "task": TASK_NAME,
+            "task": task,
             "id": record_id,
             "shadow": None,
             "eta": None,

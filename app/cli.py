@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import getpass
+import json
 import os
 import sys
 from datetime import UTC, datetime
@@ -149,6 +150,41 @@ def flower(
     # Through the environment, not argv: `ps` shows a command line to every user.
     os.environ["FLOWER_BASIC_AUTH"] = credentials
     create_celery(settings).start(flower_argv(settings, host=host, port=port))
+
+
+@cli.command()
+def bench(
+    quick: Annotated[bool, typer.Option("--quick", help="A smoke run, under a minute.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the figures as JSON.")] = False,
+    redis_url: Annotated[
+        str | None,
+        typer.Option(help="Use this Redis (its database is flushed); default: start one."),
+    ] = None,
+    database_url: Annotated[
+        str | None,
+        typer.Option(help="Use this journal (its tables are emptied); default: a new SQLite."),
+    ] = None,
+) -> None:
+    """Measure the pipeline beside the references of DESIGN §12, in one run."""
+    import tempfile  # noqa: PLC0415
+
+    from app.bench.report import print_table  # noqa: PLC0415
+    from app.bench.run import run_bench  # noqa: PLC0415
+
+    configure_logging(json=False, level="ERROR")  # the figures own stdout
+    console = Console(stderr=True)
+    with tempfile.TemporaryDirectory(prefix="pipeline-bench-") as workdir:
+        figures = run_bench(
+            quick=quick,
+            redis_url=redis_url,
+            database_url=database_url,
+            workdir=Path(workdir),
+            progress=lambda message: console.print(f"[dim]bench[/dim] {message}"),
+        )
+    if as_json:
+        print(json.dumps(figures, indent=2))
+    else:
+        print_table(figures, Console())
 
 
 @cli.command()

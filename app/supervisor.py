@@ -33,9 +33,17 @@ class Child:
     name: str
     argv: list[str]
     process: subprocess.Popen[bytes] | None = None
+    # Where its output goes; None: our own stdout and stderr.
+    log_path: Path | None = None
 
     def start(self, env: dict[str, str]) -> None:
-        self.process = subprocess.Popen(self.argv, env=env, start_new_session=True)  # noqa: S603
+        if self.log_path is None:
+            self.process = subprocess.Popen(self.argv, env=env, start_new_session=True)  # noqa: S603
+            return
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(  # noqa: S603
+                self.argv, env=env, start_new_session=True, stdout=log, stderr=subprocess.STDOUT
+            )
 
     def stop(self, *, timeout_s: float) -> None:
         process = self.process

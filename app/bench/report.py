@@ -1,0 +1,102 @@
+"""The table `pipeline bench` prints: each figure beside its reference from the same run."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+REPLAY_TARGET_PER_S = 20_000
+
+
+def _load(figures: dict[str, Any]) -> str:
+    return (
+        f"{figures['requests_per_s']:,.0f} req/s · p50 {figures['p50_ms']:.1f} ms · "
+        f"p99 {figures['p99_ms']:.1f} ms"
+        + (f" · {figures['non_2xx']} non-2xx" if figures["non_2xx"] else "")
+    )
+
+
+def _ratio(ours: float, reference: float) -> str:
+    return f"{ours / reference:.2f}x" if reference else "-"
+
+
+def rows(figures: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """(scenario, ours, reference, ratio) for each row of the table."""
+    found: list[tuple[str, str, str, str]] = []
+    intake = figures.get("intake")
+    if intake:
+        ours, naive, bare = intake["ours"], intake["naive"], intake["bare"]
+        found.append(
+            (
+                f"intake: signed, journaled, bounded (c={intake['concurrency']})",
+                _load(ours),
+                "naive: " + _load(naive),
+                _ratio(ours["requests_per_s"], naive["requests_per_s"]),
+            )
+        )
+        found.append(
+            (
+                "intake beside a bare 202-only endpoint",
+                f"{ours['requests_per_s']:,.0f} req/s",
+                "bare: " + _load(bare),
+                _ratio(ours["requests_per_s"], bare["requests_per_s"]),
+            )
+        )
+    e2e = figures.get("end_to_end")
+    if e2e:
+        found.append(
+            (
+                f"end to end: {e2e['records']:,} records, intake → done ({e2e['pool']})",
+                f"{e2e['ours_records_per_s']:,.0f} records/s",
+                f"bare Celery no-op drain: {e2e['celery_noop_per_s']:,.0f} tasks/s",
+                _ratio(e2e["ours_records_per_s"], e2e["celery_noop_per_s"]),
+            )
+        )
+    replay = figures.get("replay")
+    if replay:
+        found.append(
+            (
+                f"replay: {replay['rows']:,} journal rows re-enqueued",
+                f"{replay['records_per_s']:,.0f} records/s ({replay['seconds']:.1f} s)",
+                f"target: {REPLAY_TARGET_PER_S:,} records/s",
+                _ratio(replay["records_per_s"], REPLAY_TARGET_PER_S),
+            )
+        )
+    isolation = figures.get("isolation")
+    if isolation:
+        alone, flooded = isolation["alone"], isolation["flooded"]
+        found.append(
+            (
+                "isolation: order p99 intake → done, status flooded "
+                f"({isolation['status_records_posted']:,} posted)",
+                f"p99 {flooded['p99_ms']:.0f} ms · p50 {flooded['p50_ms']:.0f} ms",
+                f"alone: p99 {alone['p99_ms']:.0f} ms · p50 {alone['p50_ms']:.0f} ms",
+                _ratio(flooded["p99_ms"], alone["p99_ms"]),
+            )
+        )
+    for name, memory in figures.get("memory", {}).items():
+        found.append(
+            (
+                f"RSS of the {name} during its scenario",
+                f"{memory['first_mib']:.0f} → peak {memory['peak_mib']:.0f} → "
+                f"{memory['last_mib']:.0f} MiB",
+                "first → peak → last sample",
+                _ratio(memory["last_mib"], memory["first_mib"]),
+            )
+        )
+    return found
+
+
+def print_table(figures: dict[str, Any], console: Console) -> None:
+    table = Table("scenario", "ours", "reference (same run)", "ratio", title="pipeline bench")
+    for row in rows(figures):
+        table.add_row(*row)
+    console.print(table)
+    machine = figures.get("machine", {})
+    console.print(
+        f"{machine.get('cpus')} CPUs · Python {machine.get('python')} · "
+        f"journal: {machine.get('database')} · load generator: {machine.get('load_generator')}"
+        + (" · quick run" if machine.get("quick") else "")
+    )
