@@ -5,7 +5,7 @@ committed before anything is pushed, so a 2xx always means the record is durable
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -15,6 +15,7 @@ from app.errors import BrokerUnavailable, JournalUnavailable
 from app.journal import store
 from app.journal.models import Record, RecordStatus
 from app.journal.store import NewRecord
+from app.lines import Line
 from app.logs import get_logger
 from app.runtime import Runtime
 from app.settings import Overflow
@@ -43,62 +44,129 @@ def accept(rt: Runtime, new: NewRecord, *, clock: Callable[[], datetime]) -> Acc
 
     Raises `JournalUnavailable` if the record could not be committed; a Redis failure
     leaves the record `received` for the sweeper and is not an error."""
-    line = rt.lines.get(new.line)
+    return accept_many(rt, [new], clock=clock)[0]
+
+
+def accept_many(
+    rt: Runtime, news: Sequence[NewRecord], *, clock: Callable[[], datetime]
+) -> list[Acceptance]:
+    """`accept` for several records at once: their journal rows are committed in one
+    transaction, then each line's records go onto its queue in one push (in order, while
+    room remains), and those pushed are marked `enqueued` in one more transaction.
+
+    Raises `JournalUnavailable` (for all of them) if the rows could not be committed."""
     try:
         with rt.engine.begin() as conn:
-            record, created = store.insert_record(conn, new, now=clock())
+            now = clock()
+            stored = [store.insert_record(conn, new, now=now) for new in news]
     except SQLAlchemyError as exc:
         raise JournalUnavailable(f"journal write failed: {type(exc).__name__}") from exc
-    if not created:
-        retry = record.status is RecordStatus.REJECTED and record.body_sha256 == new.body_sha256
-        if not (retry and _move(rt, record, RecordStatus.RECEIVED, clock, only_from=REJECTED)):
-            return Acceptance(record=record, status=record.status, created=False)
-        # A rejected request sent again (as Retry-After asked): admit it again.
-    log.info("record_received", record_id=record.id, line=record.line)
+    results: list[Acceptance | None] = [None] * len(news)
+    admit: dict[str, list[int]] = {}
+    for i, (new, (record, created)) in enumerate(zip(news, stored, strict=True)):
+        if not created:
+            retry = record.status is RecordStatus.REJECTED and record.body_sha256 == new.body_sha256
+            if not (retry and _move(rt, record, RecordStatus.RECEIVED, clock, only_from=REJECTED)):
+                results[i] = Acceptance(record=record, status=record.status, created=False)
+                continue
+            # A rejected request sent again (as Retry-After asked): admit it again.
+        admit.setdefault(record.line, []).append(i)
+    enqueued: dict[str, list[str]] = {}
+    for line_name, indexes in admit.items():
+        line = rt.lines.get(line_name)
+        admitted = [stored[i][0] for i in indexes]
+        log.info("records_received", line=line_name, record_ids=[r.id for r in admitted])
+        for i, outcome in zip(indexes, _admit(rt, line, admitted, enqueued, clock), strict=True):
+            results[i] = outcome
+    _mark_enqueued(rt, enqueued, clock)
+    return [result for result in results if result is not None]
+
+
+def _admit(
+    rt: Runtime,
+    line: Line,
+    admitted: list[Record],
+    enqueued: dict[str, list[str]],
+    clock: Callable[[], datetime],
+) -> list[Acceptance]:
+    """Push `admitted` onto `line`'s queue; the overflow follows the line's policy. Adds
+    the ids pushed to `enqueued` under their epoch."""
     try:
         pushed = rt.admission.push(
-            line.queue, [record.id], max_length=line.settings.max_queue_length
+            line.queue, [r.id for r in admitted], max_length=line.settings.max_queue_length
         )
     except BrokerUnavailable as exc:
-        log.warning("broker_down_record_kept", record_id=record.id, error=str(exc))
-        return Acceptance(record=record, status=RecordStatus.RECEIVED, created=True)
-    if pushed.pushed:
-        _mark_enqueued(rt, record, pushed.epoch, clock)
-        return Acceptance(record=record, status=RecordStatus.ENQUEUED, created=True)
+        log.warning("broker_down_records_kept", line=line.name, error=str(exc))
+        return [Acceptance(record=r, status=RecordStatus.RECEIVED, created=True) for r in admitted]
+    on_queue, overflow = admitted[: pushed.pushed], admitted[pushed.pushed :]
+    enqueued.setdefault(pushed.epoch, []).extend(r.id for r in on_queue)
+    outcomes = [Acceptance(record=r, status=RecordStatus.ENQUEUED, created=True) for r in on_queue]
     policy = line.settings.overflow
-    rt.alerts.raise_event(
-        Event.QUEUE_FULL,
-        line=line.name,
-        message=f"queue {line.queue!r} is full ({pushed.depth}/"
-        f"{line.settings.max_queue_length}); policy {policy.value}",
-        depth=pushed.depth,
-        limit=line.settings.max_queue_length,
-        policy=policy.value,
-    )
-    if policy is Overflow.CALLER_RUNS:
+    for _record in overflow:
         rt.alerts.raise_event(
-            Event.CALLER_RUNS,
+            Event.QUEUE_FULL,
             line=line.name,
-            message=f"queue {line.queue!r} is full: the intake runs the handler itself",
+            message=f"queue {line.queue!r} is full ({pushed.depth}/"
+            f"{line.settings.max_queue_length}); policy {policy.value}",
+            depth=pushed.depth,
+            limit=line.settings.max_queue_length,
+            policy=policy.value,
         )
-        return Acceptance(
-            record=record, status=RecordStatus.RECEIVED, created=True, caller_runs=True
-        )
+    if policy is Overflow.CALLER_RUNS:
+        for _record in overflow:
+            rt.alerts.raise_event(
+                Event.CALLER_RUNS,
+                line=line.name,
+                message=f"queue {line.queue!r} is full: the intake runs the handler itself",
+            )
+        return outcomes + [
+            Acceptance(record=r, status=RecordStatus.RECEIVED, created=True, caller_runs=True)
+            for r in overflow
+        ]
     status = RecordStatus.REJECTED if policy is Overflow.REJECT else RecordStatus.DEFERRED
-    if not _move(rt, record, status, clock):
-        status = RecordStatus.RECEIVED  # not recorded: the sweeper will take it
-    return Acceptance(record=record, status=status, created=True)
+    moved = _move_all(rt, overflow, status, clock)
+    # What was not recorded stays `received`: the sweeper will take it.
+    return outcomes + [
+        Acceptance(record=r, status=status if moved else RecordStatus.RECEIVED, created=True)
+        for r in overflow
+    ]
 
 
-def _mark_enqueued(rt: Runtime, record: Record, epoch: str, clock: Callable[[], datetime]) -> None:
-    """`received → enqueued`; on failure the record stays `received` (see `_move`)."""
+def _mark_enqueued(
+    rt: Runtime, by_epoch: dict[str, list[str]], clock: Callable[[], datetime]
+) -> None:
+    """`received → enqueued`; on failure the records stay `received` (see `_move`)."""
+    if not any(by_epoch.values()):
+        return
     try:
         with rt.engine.begin() as conn:
-            store.mark_enqueued(
-                conn, [record.id], epoch=epoch, only_from=[RecordStatus.RECEIVED], now=clock()
+            for epoch, ids in by_epoch.items():
+                store.mark_enqueued(
+                    conn, ids, epoch=epoch, only_from=[RecordStatus.RECEIVED], now=clock()
+                )
+    except SQLAlchemyError as exc:
+        log.warning(
+            "records_status_not_saved",
+            count=sum(len(ids) for ids in by_epoch.values()),
+            error=str(exc),
+        )
+
+
+def _move_all(
+    rt: Runtime, overflow: list[Record], to: RecordStatus, clock: Callable[[], datetime]
+) -> bool:
+    """`received → to` for every record of `overflow`, in one transaction."""
+    if not overflow:
+        return True
+    try:
+        with rt.engine.begin() as conn:
+            store.set_status(
+                conn, [r.id for r in overflow], to, only_from=[RecordStatus.RECEIVED], now=clock()
             )
     except SQLAlchemyError as exc:
-        log.warning("record_status_not_saved", record_id=record.id, error=str(exc))
+        log.warning("records_status_not_saved", to=to.value, error=str(exc))
+        return False
+    return True
 
 
 def _move(

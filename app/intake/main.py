@@ -7,6 +7,8 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
+from app.clock import utcnow
+from app.group_accept import GroupAccept
 from app.intake import errors, routes
 from app.runtime import Runtime
 from app.settings import Settings
@@ -18,10 +20,12 @@ DB_POOL_SIZE = 10
 def create_app(settings: Settings) -> FastAPI:
     """The intake app for `settings`. Raises `ConfigError` for a bad line setting."""
     rt = Runtime.build(settings, db_pool_size=DB_POOL_SIZE)
+    group = GroupAccept(rt, clock=utcnow)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         yield
+        group.close()
         rt.close()
 
     app = FastAPI(
@@ -30,6 +34,7 @@ def create_app(settings: Settings) -> FastAPI:
         lifespan=lifespan,
     )
     app.state.runtime = rt
+    app.state.group_accept = group
     app.state.caller_run_limiters = {}
     errors.install(app)
     app.include_router(routes.router)

@@ -18,7 +18,6 @@ from sqlalchemy import text
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.concurrency import run_in_threadpool
 
-from app.acceptance import accept
 from app.clock import utcnow
 from app.errors import (
     AdminForbidden,
@@ -28,6 +27,7 @@ from app.errors import (
     NonceReused,
     RecordNotFound,
 )
+from app.group_accept import GroupAccept
 from app.ids import new_id
 from app.intake.body import body_digest, parse_payload, read_body
 from app.intake.signing import Caller, verify
@@ -278,7 +278,8 @@ async def post_record(line: str, request: Request, rt: RuntimeDep) -> JSONRespon
         body_sha256=body_digest(body),
         payload=payload,
     )
-    result = await run_in_threadpool(accept, rt, new, clock=utcnow)
+    group: GroupAccept = request.app.state.group_accept
+    result = await group.accept(new)
     record = result.record
     if not result.created and record.body_sha256 != new.body_sha256:
         raise NonceReused("this nonce was already used with a different body")

@@ -81,6 +81,13 @@ def test_a_queue_kept_full_yields_one_queue_full_per_window_with_the_folded_coun
     expected = hmac.new(GENERIC_SECRET.encode(), first.raw, hashlib.sha256).hexdigest()
     assert first.headers["x-signature"] == expected
 
+    # Each alert goes to the hooks one after the other: the last may still be on its way.
+    wait_for(
+        lambda: len(messages(hooks, "/ding", "QUEUE_FULL")) >= len(generic)
+        and len(messages(hooks, "/slack", "QUEUE_FULL")) >= len(generic),
+        timeout_s=10,
+        what="the DingTalk and Slack copies of each message",
+    )
     ding = messages(hooks, "/ding", "QUEUE_FULL")
     assert len(ding) == len(generic)
     query = ding[0].query
