@@ -58,7 +58,7 @@ def accept_many(
     try:
         with rt.engine.begin() as conn:
             now = clock()
-            stored = [store.insert_record(conn, new, now=now) for new in news]
+            stored = store.insert_records(conn, news, now=now)
     except SQLAlchemyError as exc:
         raise JournalUnavailable(f"journal write failed: {type(exc).__name__}") from exc
     results: list[Acceptance | None] = [None] * len(news)

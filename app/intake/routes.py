@@ -69,7 +69,8 @@ RECORD_BODY = {
 }
 
 
-def runtime(request: Request) -> Runtime:
+async def runtime(request: Request) -> Runtime:
+    # async: a plain `def` dependency would cost every request a trip to the thread pool.
     rt: Runtime = request.app.state.runtime
     return rt
 

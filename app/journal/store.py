@@ -54,31 +54,73 @@ def insert_record(conn: Connection, new: NewRecord, *, now: datetime) -> tuple[R
     """Write `new` as `received` unless its dedup key exists.
 
     Returns the stored record and whether it was created by this call."""
+    return insert_records(conn, [new], now=now)[0]
+
+
+def insert_records(
+    conn: Connection, news: Sequence[NewRecord], *, now: datetime
+) -> list[tuple[Record, bool]]:
+    """Write each of `news` as `received` unless its dedup key exists, in one statement.
+
+    Returns, in order, each stored record and whether this call created it (of several
+    with one dedup key, the first is created and the others get it)."""
+    rows = [
+        {
+            "id": new.id,
+            "line": new.line,
+            "business_no": new.business_no,
+            "source": new.source.value,
+            "dedup_key": new.dedup_key,
+            "body_sha256": new.body_sha256,
+            "payload": new.payload,
+            "status": RecordStatus.RECEIVED.value,
+            "attempts": 0,
+            "created_at": now,
+            "updated_at": now,
+            "task_id": new.id,
+        }
+        for new in news
+    ]
     statement = (
         _upsert_dialect(conn)
         .insert(records)
-        .values(
-            id=new.id,
-            line=new.line,
-            business_no=new.business_no,
-            source=new.source.value,
-            dedup_key=new.dedup_key,
-            body_sha256=new.body_sha256,
-            payload=new.payload,
-            status=RecordStatus.RECEIVED.value,
-            attempts=0,
-            created_at=now,
-            updated_at=now,
-            task_id=new.id,
-        )
         .on_conflict_do_nothing(index_elements=["dedup_key"])
         .returning(records.c.id)
     )
-    created = conn.execute(statement).first() is not None
-    stored = get_by_dedup_key(conn, new.dedup_key)
-    if stored is None:  # pragma: no cover - the row was just written or already there
-        raise LookupError(new.dedup_key)
-    return stored, created
+    created = {row.id for row in conn.execute(statement, rows)}
+    known = [new.dedup_key for new in news if new.id not in created]
+    existing = (
+        {
+            row.dedup_key: Record.from_row(row)
+            for row in conn.execute(select(records).where(records.c.dedup_key.in_(known)))
+        }
+        if known
+        else {}
+    )
+    stored = []
+    for new in news:
+        if new.id in created:
+            record = Record(
+                id=new.id,
+                line=new.line,
+                business_no=new.business_no,
+                source=new.source,
+                dedup_key=new.dedup_key,
+                body_sha256=new.body_sha256,
+                payload=new.payload,
+                status=RecordStatus.RECEIVED,
+                attempts=0,
+                next_attempt_at=None,
+                last_error=None,
+                created_at=now,
+                updated_at=now,
+                finished_at=None,
+                task_id=new.id,
+            )
+            stored.append((record, True))
+        else:
+            stored.append((existing[new.dedup_key], False))
+    return stored
 
 
 def get_record(conn: Connection, record_id: str) -> Record | None:
