@@ -75,7 +75,13 @@ def accept_many(
     for line_name, indexes in admit.items():
         line = rt.lines.get(line_name)
         admitted = [stored[i][0] for i in indexes]
-        log.info("records_received", line=line_name, record_ids=[r.id for r in admitted])
+        log.info(
+            "records_received",
+            line=line_name,
+            count=len(admitted),
+            first_id=admitted[0].id,
+            last_id=admitted[-1].id,
+        )
         for i, outcome in zip(indexes, _admit(rt, line, admitted, enqueued, clock), strict=True):
             results[i] = outcome
     _mark_enqueued(rt, enqueued, clock)

@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import httpx
-from sqlalchemy import Connection, Table, select
+from sqlalchemy import Connection, Table, bindparam, select
 from sqlalchemy.dialects import postgresql, sqlite
 
 from app.errors import DeliveryFailed
@@ -23,9 +23,36 @@ KEYED_TABLES: dict[str, Table] = {"order": orders, "refund": refunds}
 HTTP_TIMEOUT_S = 10.0
 
 
-def _insert(conn: Connection, table: Table) -> Any:
-    dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
-    return dialect.insert(table)
+# Built once per (dialect, table): the worker runs them for every record.
+_UPSERTS: dict[tuple[str, str], Any] = {}
+
+
+def _upsert(conn: Connection, table: Table) -> Any:
+    """The table sink's upsert into `table`, with a bind parameter per column."""
+    key = (conn.dialect.name, table.name)
+    if key not in _UPSERTS:
+        dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
+        columns = ["business_no", "record_id", "updated_at"]
+        if table is order_status:
+            columns += ["status", "occurred_at"]
+        else:
+            columns += ["payload"]
+        if table is sink_rows:
+            columns.append("line")
+        statement = dialect.insert(table).values({c: bindparam(c) for c in columns})
+        changed = [c for c in columns if c not in ("business_no", "line")]
+        keys = ["line", "business_no"] if table is sink_rows else ["business_no"]
+        _UPSERTS[key] = statement.on_conflict_do_update(
+            index_elements=keys,
+            set_={c: statement.excluded[c] for c in changed},
+            # An order's status never moves backwards.
+            where=(
+                order_status.c.occurred_at < statement.excluded.occurred_at
+                if table is order_status
+                else None
+            ),
+        )
+    return _UPSERTS[key]
 
 
 def occurred_at(record: Record) -> datetime:
@@ -36,48 +63,20 @@ def occurred_at(record: Record) -> datetime:
 
 def write_table_sink(conn: Connection, record: Record, *, now: datetime) -> None:
     """Upsert `record` into its line's table. Never moves an order's status backwards."""
-    if record.line == "status":
-        statement = _insert(conn, order_status).values(
-            business_no=record.business_no,
-            status=str(record.payload["status"]),
-            occurred_at=occurred_at(record),
-            record_id=record.id,
-            updated_at=now,
-        )
-        conn.execute(
-            statement.on_conflict_do_update(
-                index_elements=["business_no"],
-                set_={
-                    "status": statement.excluded.status,
-                    "occurred_at": statement.excluded.occurred_at,
-                    "record_id": statement.excluded.record_id,
-                    "updated_at": statement.excluded.updated_at,
-                },
-                where=order_status.c.occurred_at < statement.excluded.occurred_at,
-            )
-        )
-        return
-    table = KEYED_TABLES.get(record.line)
     values: dict[str, Any] = {
         "business_no": record.business_no,
         "record_id": record.id,
-        "payload": record.payload,
         "updated_at": now,
     }
-    keys = ["business_no"]
-    if table is None:
-        table, values, keys = sink_rows, {**values, "line": record.line}, ["line", "business_no"]
-    statement = _insert(conn, table).values(**values)
-    conn.execute(
-        statement.on_conflict_do_update(
-            index_elements=keys,
-            set_={
-                "record_id": statement.excluded.record_id,
-                "payload": statement.excluded.payload,
-                "updated_at": statement.excluded.updated_at,
-            },
-        )
-    )
+    if record.line == "status":
+        table = order_status
+        values |= {"status": str(record.payload["status"]), "occurred_at": occurred_at(record)}
+    else:
+        table = KEYED_TABLES.get(record.line, sink_rows)
+        values["payload"] = record.payload
+        if table is sink_rows:
+            values["line"] = record.line
+    conn.execute(_upsert(conn, table), values)
 
 
 def deliver_http(client: httpx.Client, url: str, record: Record) -> None:

@@ -20,7 +20,7 @@ from app.runner import run_record
 from app.runtime import Runtime
 from workers import (
     heartbeat,  # noqa: F401 - connects the heartbeat to the worker's signals
-    kombu_restore,  # noqa: F401 - keeps the consumer alive through a Redis loss
+    kombu_patches,  # noqa: F401 - one client per channel; alive through a Redis loss
 )
 
 log = get_logger(__name__)

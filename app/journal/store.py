@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, and_, delete, func, insert, or_, select, update
+from sqlalchemy import Connection, and_, bindparam, delete, func, insert, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
 from app.journal.models import UNFINISHED, Record, RecordStatus, Source, records, replays
@@ -185,17 +185,40 @@ def set_status(
     return result.rowcount
 
 
+# Built once: the worker runs these for every record (a statement object keeps its
+# compiled form's cache key; building one per call costs more than running it).
+_CLAIM = (
+    update(records)
+    .where(
+        records.c.id == bindparam("record_id"),
+        records.c.status.in_([s.value for s in RUNNABLE]),
+    )
+    .values(attempts=records.c.attempts + 1, updated_at=bindparam("now"))
+    .returning(*records.c)
+)
+
+
 def claim_attempt(conn: Connection, record_id: str, *, now: datetime) -> Record | None:
     """Count one more attempt on a runnable record and return it; None if it is not runnable
     (already done, dead, rejected, or waiting for its retry)."""
-    result = conn.execute(
-        update(records)
-        .where(records.c.id == record_id, records.c.status.in_([s.value for s in RUNNABLE]))
-        .values(attempts=records.c.attempts + 1, updated_at=now)
+    row = conn.execute(_CLAIM, {"record_id": record_id, "now": now}).first()
+    return Record.from_row(row) if row else None
+
+
+_MARK_DONE = (
+    update(records)
+    .where(
+        records.c.id == bindparam("record_id"),
+        records.c.status.in_([s.value for s in DONE_FROM]),
     )
-    if result.rowcount != 1:
-        return None
-    return get_record(conn, record_id)
+    .values(
+        status=RecordStatus.DONE.value,
+        finished_at=bindparam("now"),
+        updated_at=bindparam("now"),
+        next_attempt_at=None,
+        last_error=None,
+    )
+)
 
 
 def mark_done(
@@ -206,6 +229,9 @@ def mark_done(
     only_from: Sequence[RecordStatus] = DONE_FROM,
 ) -> bool:
     """`… → done`. False when the record was already final (or not in `only_from`)."""
+    if only_from is DONE_FROM:
+        done = conn.execute(_MARK_DONE, {"record_id": record_id, "now": now})
+        return done.rowcount == 1
     result = conn.execute(
         update(records)
         .where(records.c.id == record_id, records.c.status.in_([s.value for s in only_from]))

@@ -83,8 +83,10 @@ def test_a_queue_kept_full_yields_one_queue_full_per_window_with_the_folded_coun
 
     # Each alert goes to the hooks one after the other: the last may still be on its way.
     wait_for(
-        lambda: len(messages(hooks, "/ding", "QUEUE_FULL")) >= len(generic)
-        and len(messages(hooks, "/slack", "QUEUE_FULL")) >= len(generic),
+        lambda: (
+            len(messages(hooks, "/ding", "QUEUE_FULL")) >= len(generic)
+            and len(messages(hooks, "/slack", "QUEUE_FULL")) >= len(generic)
+        ),
         timeout_s=10,
         what="the DingTalk and Slack copies of each message",
     )
