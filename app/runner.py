@@ -8,6 +8,7 @@ import random
 from collections.abc import Callable
 from datetime import datetime
 
+from sqlalchemy import Connection
 from sqlalchemy.exc import SQLAlchemyError
 
 from app.backoff import decide
@@ -23,22 +24,40 @@ from app.webhooks import Event
 log = get_logger(__name__)
 
 
+def _sink_in_claim(rt: Runtime, record: Record) -> bool:
+    """Whether `record` goes to the built-in table sink, within the claim's transaction.
+
+    The table sink runs no user code, so claiming, writing and marking done can share one
+    commit; a handler or an HTTP sink runs after the claim is committed, so an attempt
+    that kills its worker is still counted."""
+    line = rt.lines.get(record.line)
+    return (
+        line.handler is None
+        and not line.settings.downstream_url
+        and record.attempts <= line.settings.max_attempts
+    )
+
+
+def _write_table_sink(conn: Connection, record: Record, now: datetime) -> bool:
+    """Mark `record` done and write its row: exactly once, and never for a record another
+    run has finished meanwhile. False when another run had finished it."""
+    marked = store.mark_done(conn, record.id, now=now)
+    if marked:
+        write_table_sink(conn, record, now=now)
+    return marked
+
+
 def _deliver(rt: Runtime, record: Record, clock: Callable[[], datetime]) -> bool:
-    """Hand `record` to its line's handler or sink, then mark it done. False when another
-    run had finished it meanwhile."""
+    """Hand `record` to its line's handler or HTTP sink, then mark it done. False when
+    another run had finished it meanwhile."""
     line = rt.lines.get(record.line)
     if line.handler is not None:
         line.handler(record)
     elif line.settings.downstream_url:
         deliver_http(rt.http, line.settings.downstream_url, record)
     else:
-        # The table sink writes in the transaction that marks the record done: exactly once,
-        # and never for a record another run has finished meanwhile.
         with rt.engine.begin() as conn:
-            marked = store.mark_done(conn, record.id, now=clock())
-            if marked:
-                write_table_sink(conn, record, now=clock())
-        return marked
+            return _write_table_sink(conn, record, clock())
     with rt.engine.begin() as conn:
         return store.mark_done(conn, record.id, now=clock())
 
@@ -55,9 +74,17 @@ def run_record(
 
     Raises `JournalUnavailable` when the journal cannot be read or written; the record is
     then left as it was and the sweeper picks it up again."""
+    finished: bool | None = None  # None: not delivered within the claim
+    sink_error: Exception | None = None
     try:
         with rt.engine.begin() as conn:
             record = store.claim_attempt(conn, record_id, now=clock())
+            if record is not None and _sink_in_claim(rt, record):
+                try:
+                    with conn.begin_nested():
+                        finished = _write_table_sink(conn, record, clock())
+                except Exception as exc:  # noqa: BLE001 - e.g. a payload the table refuses
+                    sink_error = exc  # the claim still commits: the attempt counts
     except SQLAlchemyError as exc:
         raise JournalUnavailable(f"claim of {record_id} failed") from exc
     if record is None:
@@ -73,13 +100,16 @@ def run_record(
             clock=clock,
             rng=rng,
         )
-    try:
-        marked = _deliver(rt, record, clock)
-    except SQLAlchemyError as exc:
-        raise JournalUnavailable(f"finishing {record_id} failed") from exc
-    except Exception as exc:  # noqa: BLE001 - a handler is user code: any failure is an attempt
-        return _record_failure(rt, record, exc, clock=clock, rng=rng)
-    if marked:
+    if sink_error is not None:
+        return _record_failure(rt, record, sink_error, clock=clock, rng=rng)
+    if finished is None:
+        try:
+            finished = _deliver(rt, record, clock)
+        except SQLAlchemyError as exc:
+            raise JournalUnavailable(f"finishing {record_id} failed") from exc
+        except Exception as exc:  # noqa: BLE001 - a handler is user code: any failure is an attempt
+            return _record_failure(rt, record, exc, clock=clock, rng=rng)
+    if finished:
         rt.telemetry.count(Counter.DONE, line=record.line)
     log.info("record_done", record_id=record.id, line=record.line, attempts=record.attempts)
     return RecordStatus.DONE
