@@ -7,6 +7,7 @@ holds whatever the number of producers."""
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import os
 import socket
@@ -64,19 +65,18 @@ class PushResult:
     epoch: str
 
 
-def build_message(record_id: str, *, queue: str, origin: str, task: str = TASK_NAME) -> bytes:
-    """The Celery task message for `record_id`, as kombu's Redis transport stores it."""
-    body = json.dumps(
-        [[record_id], {}, {"callbacks": None, "errbacks": None, "chain": None, "chord": None}]
-    )
+@functools.lru_cache(maxsize=256)
+def _template(queue: str, origin: str, task: str) -> str:
+    """The JSON text of `build_message`'s message with a placeholder for each per-record
+    part (body, id, argsrepr, delivery tag)."""
     message = {
-        "body": base64.b64encode(body.encode()).decode(),
+        "body": "\x00BODY\x00",
         "content-encoding": "utf-8",
         "content-type": "application/json",
         "headers": {
             "lang": "py",
             "task": task,
-            "id": record_id,
+            "id": "\x00ID\x00",
             "shadow": None,
             "eta": None,
             "expires": None,
@@ -84,9 +84,9 @@ def build_message(record_id: str, *, queue: str, origin: str, task: str = TASK_N
             "group_index": None,
             "retries": 0,
             "timelimit": [None, None],
-            "root_id": record_id,
+            "root_id": "\x00ID\x00",
             "parent_id": None,
-            "argsrepr": repr([record_id]),
+            "argsrepr": "\x00ARGSREPR\x00",
             "kwargsrepr": "{}",
             "origin": origin,
             "ignore_result": True,
@@ -95,16 +95,36 @@ def build_message(record_id: str, *, queue: str, origin: str, task: str = TASK_N
             "stamps": {},
         },
         "properties": {
-            "correlation_id": record_id,
+            "correlation_id": "\x00ID\x00",
             "reply_to": "",
             "delivery_mode": 2,
             "delivery_info": {"exchange": "", "routing_key": queue},
             "priority": 0,
             "body_encoding": "base64",
-            "delivery_tag": str(uuid.uuid4()),
+            "delivery_tag": "\x00TAG\x00",
         },
     }
-    return json.dumps(message).encode()
+    return json.dumps(message)
+
+
+_BODY_TAIL = ', {}, {"callbacks": null, "errbacks": null, "chain": null, "chord": null}]'
+_PLACEHOLDER = "\\u0000"
+
+
+def build_message(record_id: str, *, queue: str, origin: str, task: str = TASK_NAME) -> bytes:
+    """The Celery task message for `record_id`, as kombu's Redis transport stores it (task
+    protocol 2, JSON). Built from a template made once per (queue, origin, task)."""
+    quoted = json.dumps(record_id)  # a JSON string, quotes included
+    body = base64.b64encode(f"[[{quoted}]{_BODY_TAIL}".encode()).decode()
+    argsrepr = json.dumps(repr([record_id]))
+    text = (
+        _template(queue, origin, task)
+        .replace(f'"{_PLACEHOLDER}BODY{_PLACEHOLDER}"', f'"{body}"')
+        .replace(f'"{_PLACEHOLDER}ID{_PLACEHOLDER}"', quoted)
+        .replace(f'"{_PLACEHOLDER}ARGSREPR{_PLACEHOLDER}"', argsrepr)
+        .replace(f'"{_PLACEHOLDER}TAG{_PLACEHOLDER}"', f'"{uuid.uuid4()}"')
+    )
+    return text.encode()
 
 
 class Admission:

@@ -164,6 +164,9 @@ def bench(
         str | None,
         typer.Option(help="Use this journal (its tables are emptied); default: a new SQLite."),
     ] = None,
+    save: Annotated[
+        Path | None, typer.Option(help="Also write the figures to this file, as JSON.")
+    ] = None,
 ) -> None:
     """Measure the pipeline beside the references of DESIGN §12, in one run."""
     import tempfile  # noqa: PLC0415
@@ -181,6 +184,8 @@ def bench(
             workdir=Path(workdir),
             progress=lambda message: console.print(f"[dim]bench[/dim] {message}"),
         )
+    if save is not None:
+        save.write_text(json.dumps(figures, indent=2) + "\n")
     if as_json:
         print(json.dumps(figures, indent=2))
     else:

@@ -158,20 +158,25 @@ def _replay_page(
             counts.enqueued += len(todo)
             continue
         now = clock()
+        # Claimed in the epoch they are about to be pushed in: one transaction per page
+        # unless the queue fills up or Redis restarts in between.
+        epoch = rt.admission.epoch()
         with rt.engine.begin() as conn:
             for record_id in synced:  # downstream has it: it is done, whatever we thought
                 store.mark_done(conn, record_id, now=now, only_from=DEFAULT_STATUSES)
-            store.claim_as_enqueued(conn, todo, now=now, fresh_attempts=True)
+            store.claim_as_enqueued(conn, todo, now=now, fresh_attempts=True, epoch=epoch)
         outcome = rt.admission.push(
             line.queue, [r.id for r in todo], max_length=line.settings.max_queue_length
         )
         pushed = [r.id for r in todo[: outcome.pushed]]
         left = [r.id for r in todo[outcome.pushed :]]
-        with rt.engine.begin() as conn:
-            store.set_epoch(conn, pushed, epoch=outcome.epoch)
-            store.set_status(
-                conn, left, RecordStatus.DEFERRED, only_from=[RecordStatus.ENQUEUED], now=now
-            )
+        if left or outcome.epoch != epoch:
+            with rt.engine.begin() as conn:
+                if outcome.epoch != epoch:
+                    store.set_epoch(conn, pushed, epoch=outcome.epoch, replace=True)
+                store.set_status(
+                    conn, left, RecordStatus.DEFERRED, only_from=[RecordStatus.ENQUEUED], now=now
+                )
         counts.enqueued += len(pushed)
         counts.deferred += len(left)
         counts.by_line[line_name] = counts.by_line.get(line_name, 0) + len(pushed) + len(left)

@@ -62,12 +62,12 @@ class Sizes:
     def for_run(cls, *, quick: bool) -> Sizes:
         if quick:
             return cls(
-                intake_s=3,
+                intake_s=2,
                 warmup_s=0.5,
                 concurrency=16,
                 end_to_end=1_000,
                 replay_rows=20_000,
-                isolation_s=4,
+                isolation_s=3,
             )
         return cls(
             intake_s=10,

@@ -292,19 +292,17 @@ def mark_enqueued(
     return result.rowcount
 
 
-def set_epoch(conn: Connection, record_ids: Sequence[str], *, epoch: str) -> int:
-    """Record the epoch of claimed records once their push happened."""
+def set_epoch(
+    conn: Connection, record_ids: Sequence[str], *, epoch: str, replace: bool = False
+) -> int:
+    """Record the epoch of claimed records once their push happened (`replace`: also over
+    the epoch they were claimed in)."""
     if not record_ids:
         return 0
-    result = conn.execute(
-        update(records)
-        .where(
-            records.c.id.in_(list(record_ids)),
-            records.c.status == RecordStatus.ENQUEUED.value,
-            records.c.queue_epoch.is_(None),
-        )
-        .values(queue_epoch=epoch)
-    )
+    guard = [records.c.id.in_(list(record_ids)), records.c.status == RecordStatus.ENQUEUED.value]
+    if not replace:
+        guard.append(records.c.queue_epoch.is_(None))
+    result = conn.execute(update(records).where(*guard).values(queue_epoch=epoch))
     return result.rowcount
 
 
@@ -350,16 +348,23 @@ def claim_due(
 
 
 def claim_as_enqueued(
-    conn: Connection, claimed: Sequence[Record], *, now: datetime, fresh_attempts: bool = False
+    conn: Connection,
+    claimed: Sequence[Record],
+    *,
+    now: datetime,
+    fresh_attempts: bool = False,
+    epoch: str | None = None,
 ) -> None:
-    """`… → enqueued` with no epoch (until pushed), each guarded by the status it was read
-    in. `fresh_attempts` (replay) starts the count of attempts again."""
+    """`… → enqueued`, each guarded by the status it was read in, with no epoch until
+    pushed, or with the `epoch` the caller is about to push them in (a record claimed but
+    never pushed is then taken again after the stuck threshold, as one with no epoch is).
+    `fresh_attempts` (replay) starts the count of attempts again."""
     by_status: dict[RecordStatus, list[str]] = {}
     for record in claimed:
         by_status.setdefault(record.status, []).append(record.id)
     values: dict[str, Any] = {
         "status": RecordStatus.ENQUEUED.value,
-        "queue_epoch": None,
+        "queue_epoch": epoch,
         "updated_at": now,
     }
     if fresh_attempts:

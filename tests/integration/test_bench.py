@@ -1,0 +1,62 @@
+"""`pipeline bench --quick` completes and prints every row of its table; the figures it
+saves are all there. Nothing here looks at how fast anything was."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from app.bench.report import rows
+
+PIPELINE = str(Path(sys.executable).with_name("pipeline"))
+ROWS = [
+    "intake: signed, journaled, bounded",
+    "intake beside a bare 202-only endpoint",
+    "end to end:",
+    "replay:",
+    "isolation: order p99",
+    "RSS of the intake",
+    "RSS of the worker",
+]
+
+
+@pytest.mark.timeout(300)
+def test_quick_bench_completes_and_prints_every_row(harness, tmp_path):
+    database = harness.env["PIPELINE_DATABASE_URL"]
+    if database.startswith("sqlite"):
+        pytest.skip(
+            "runs once, in the PostgreSQL pass, against that pass's database (on its own "
+            "the bench makes a fresh SQLite journal)"
+        )
+    saved = tmp_path / "bench.json"
+    env = {k: v for k, v in harness.env.items() if not k.startswith("PIPELINE_")}
+    done = subprocess.run(
+        [PIPELINE, "bench", "--quick", "--database-url", database, "--save", str(saved)],
+        env={**env, "COLUMNS": "200"},
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    table = done.stdout
+    for row in ROWS:
+        assert row in table, f"{row!r} missing from:\n{table}"
+    assert "load generator: asyncio" in table
+    figures = json.loads(saved.read_text())
+    assert len(rows(figures)) == len(ROWS)
+    intake = figures["intake"]
+    for name in ("ours", "naive", "bare"):
+        assert intake[name]["requests"] > 0
+        assert intake[name]["non_2xx"] == 0, intake[name]
+        assert intake[name]["errors"] == 0, intake[name]
+    assert figures["end_to_end"]["records"] == 1_000
+    assert figures["replay"]["enqueued"] == figures["replay"]["rows"] == 20_000
+    assert figures["isolation"]["alone"]["records"] > 0
+    assert figures["isolation"]["flooded"]["records"] > 0
+    assert figures["machine"]["database"].startswith("postgresql")
+    print("\n" + table)
