@@ -432,6 +432,7 @@ class Bench:
         order = self.worker("order")
         status = self.worker("status")
         with self.server("intake-isolation", "app.intake.asgi:app_from_env") as (url, _child):
+            self._order_latencies(url, 1, tag="warmup")  # connections, caches: not measured
             self.progress(f"isolation: order line alone, {seconds:.0f} s")
             alone = self._order_latencies(url, seconds, tag="alone")
             self.progress(
