@@ -8,7 +8,7 @@ import os
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -74,6 +74,13 @@ def intake(
         )
         bind = "127.0.0.1"
     bind_port = port if port is not None else settings.intake_port
+    limits: dict[str, Any] = {
+        "timeout_keep_alive": settings.intake_keep_alive_seconds,
+        # A backstop behind the app's own limit (which answers with the JSON error).
+        "limit_concurrency": settings.intake_max_concurrent_requests * 2,
+        "server_header": False,
+        "log_level": "warning",
+    }
     if settings.intake_workers > 1:
         uvicorn.run(
             "app.intake.asgi:app_from_env",
@@ -81,10 +88,10 @@ def intake(
             host=bind,
             port=bind_port,
             workers=settings.intake_workers,
-            log_level="warning",
+            **limits,
         )
         return
-    uvicorn.run(app, host=bind, port=bind_port, log_level="warning")
+    uvicorn.run(app, host=bind, port=bind_port, **limits)
 
 
 @cli.command()

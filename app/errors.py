@@ -8,6 +8,8 @@
     ├── UnknownLine            no business line has that name
     ├── InvalidPayload         the body is not a valid payload for its line
     ├── PayloadTooLarge        the body is over the size limit
+    ├── RequestTimeout         the body did not arrive in time
+    ├── Overloaded             the intake has too many requests in flight
     ├── BadSignature           the request is not authenticated
     ├── NonceReused            a known nonce came back with a different body
     ├── AdminRequired          an admin endpoint was called without a token
@@ -77,6 +79,18 @@ class PayloadTooLarge(PipelineError):
     """The body is over the size limit."""
 
     code = "payload_too_large"
+
+
+class RequestTimeout(PipelineError):
+    """The request's body did not arrive in time."""
+
+    code = "request_timeout"
+
+
+class Overloaded(PipelineError):
+    """Too many requests are in flight; try again shortly."""
+
+    code = "overloaded"
 
 
 class BadSignature(PipelineError):

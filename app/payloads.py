@@ -6,8 +6,10 @@ from datetime import UTC, datetime
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-# A business number is an identifier, not free text: no control characters (DESIGN §3: 1 to 128).
-BUSINESS_NO_PATTERN = r"^[^\x00-\x1f\x7f]{1,128}$"
+# A business number is an identifier, not free text (DESIGN §3: 1 to 128 characters): no
+# control characters, and nothing that reads as a path (it goes into URLs and file names
+# downstream): no slash or backslash, and not "." or "..".
+BUSINESS_NO_PATTERN = r"^[^\x00-\x1f\x7f/\\]{1,128}$"
 
 
 class Payload(BaseModel):
@@ -16,6 +18,13 @@ class Payload(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     business_no: str = Field(min_length=1, max_length=128, pattern=BUSINESS_NO_PATTERN)
+
+    @field_validator("business_no")
+    @classmethod
+    def _not_a_path_segment(cls, value: str) -> str:
+        if value in (".", ".."):
+            raise ValueError("business_no may not be '.' or '..'")
+        return value
 
 
 class StatusPayload(Payload):

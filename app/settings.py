@@ -107,6 +107,11 @@ class Settings(BaseSettings):
     intake_keys: dict[str, SecretStr] = Field(default_factory=dict)
     admin_token: SecretStr | None = None
     max_body_bytes: int = Field(default=DEFAULT_MAX_BODY_BYTES, ge=1024)
+    # Resource limits of each intake process: requests in flight beyond this get 503; a
+    # body must arrive within the timeout (408); an idle keep-alive connection is closed.
+    intake_max_concurrent_requests: int = Field(default=256, ge=1)
+    intake_body_timeout_seconds: float = Field(default=10, gt=0)
+    intake_keep_alive_seconds: int = Field(default=5, ge=1)
     timestamp_window_seconds: int = Field(default=300, ge=1)
     alert_webhooks: list[WebhookSettings] = Field(default_factory=list)
     alert_window_seconds: float = Field(default=60, gt=0)

@@ -2,19 +2,32 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
+import math
+import re
 from typing import Any
 
 from fastapi import Request
 from pydantic import BaseModel, ValidationError
 
-from app.errors import InvalidPayload, PayloadTooLarge
+from app.errors import InvalidPayload, PayloadTooLarge, RequestTimeout
 from app.intake.errors import MalformedBody
 
 
-async def read_body(request: Request, *, limit: int) -> bytes:
-    """The raw body, refused with `PayloadTooLarge` as soon as it passes `limit` bytes."""
+async def read_body(request: Request, *, limit: int, timeout_s: float) -> bytes:
+    """The raw body, refused with `PayloadTooLarge` as soon as it passes `limit` bytes, and
+    with `RequestTimeout` when it has not all arrived within `timeout_s` (a client sending
+    a byte a second holds a connection, never more than this)."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await _read_body(request, limit=limit)
+    except TimeoutError:
+        raise RequestTimeout(f"the body did not arrive within {timeout_s:g} s") from None
+
+
+async def _read_body(request: Request, *, limit: int) -> bytes:
     declared = request.headers.get("content-length")
     if declared is not None:
         if not declared.isdigit():
@@ -31,8 +44,26 @@ async def read_body(request: Request, *, limit: int) -> bytes:
     return b"".join(chunks)
 
 
+# Our own reasons for refusing a body, worth telling the client.
+_OURS = re.compile(r"^(an object has a key twice|a number is out of range|\w+ is not valid JSON)$")
+
+
 def _refuse_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e999: valid JSON, but no journal can store it
+        raise ValueError("a number is out of range")
+    return value
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    found = dict(pairs)
+    if len(found) != len(pairs):  # which value counts would depend on the parser
+        raise ValueError("an object has a key twice")
+    return found
 
 
 def parse_payload(body: bytes, schema: type[BaseModel]) -> dict[str, Any]:
@@ -40,9 +71,17 @@ def parse_payload(body: bytes, schema: type[BaseModel]) -> dict[str, Any]:
 
     Raises `MalformedBody` (not JSON) or `InvalidPayload` (JSON, not a valid payload)."""
     try:
-        data = json.loads(body, parse_constant=_refuse_constant)
-    except (ValueError, RecursionError) as exc:
-        raise MalformedBody(f"body is not valid JSON: {type(exc).__name__}") from None
+        data = json.loads(
+            body,
+            parse_constant=_refuse_constant,
+            parse_float=_finite_float,
+            object_pairs_hook=_unique_keys,
+        )
+    except RecursionError:
+        raise MalformedBody("body is not valid JSON: nested too deeply") from None
+    except ValueError as exc:
+        reason = str(exc) if _OURS.search(str(exc)) else ""
+        raise MalformedBody(f"body is not valid JSON{': ' + reason if reason else ''}") from None
     if not isinstance(data, dict):
         raise InvalidPayload("body must be a JSON object")
     if _has_unstorable_text(data):

@@ -19,6 +19,8 @@ log = get_logger(__name__)
 STATUS_BY_ERROR: dict[type[errors.PipelineError], int] = {
     errors.InvalidPayload: 422,
     errors.PayloadTooLarge: 413,
+    errors.RequestTimeout: 408,
+    errors.Overloaded: 503,
     errors.BadSignature: 401,
     errors.AdminRequired: 401,
     errors.AdminForbidden: 403,
@@ -40,6 +42,7 @@ class MalformedBody(errors.InvalidPayload):
 OUTCOME_BY_STATUS = {
     400: Outcome.INVALID,
     404: Outcome.INVALID,
+    408: Outcome.INVALID,
     413: Outcome.INVALID,
     422: Outcome.INVALID,
     401: Outcome.UNAUTHORIZED,

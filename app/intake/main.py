@@ -10,6 +10,7 @@ from fastapi import FastAPI
 from app.clock import utcnow
 from app.group_accept import GroupAccept
 from app.intake import errors, routes
+from app.intake.limits import ConcurrencyLimit
 from app.runtime import Runtime
 from app.settings import Settings
 
@@ -37,5 +38,6 @@ def create_app(settings: Settings) -> FastAPI:
     app.state.group_accept = group
     app.state.caller_run_limiters = {}
     errors.install(app)
+    app.add_middleware(ConcurrencyLimit, limit=settings.intake_max_concurrent_requests)
     app.include_router(routes.router)
     return app

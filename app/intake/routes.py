@@ -265,7 +265,9 @@ async def post_replay(body: ReplayRequest, request: Request, rt: RuntimeDep) -> 
 @router.post("/v1/{line}", status_code=202, openapi_extra=RECORD_BODY)
 async def post_record(line: str, request: Request, rt: RuntimeDep) -> JSONResponse:
     """Journal a record for `line`, then push it onto the line's queue."""
-    body = await read_body(request, limit=rt.settings.max_body_bytes)
+    body = await read_body(
+        request, limit=rt.settings.max_body_bytes, timeout_s=rt.settings.intake_body_timeout_seconds
+    )
     caller = _caller(request, rt, body)
     spec = rt.lines.get(line)
     payload = parse_payload(body, spec.schema)

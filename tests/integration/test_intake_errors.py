@@ -63,6 +63,24 @@ def assert_error(response, status: int, code: str) -> None:
             "invalid_payload",
         ),
         ("nosuchline", b'{"business_no": "A-1"}', 404, "unknown_line"),
+        # Hostile bodies (issue: hostile input).
+        ("order", b'{"business_no": "A-1", "amount": 1e999}', 400, "malformed_body"),
+        (
+            "order",
+            b'{"business_no": "A-1", "amount": 1' + b"0" * 5000 + b"}",
+            400,
+            "malformed_body",
+        ),
+        ("order", b'{"business_no": "A-1", "business_no": "A-2"}', 400, "malformed_body"),
+        ("order", b'{"business_no": "A-1", "x": {"k": 1, "k": 2}}', 400, "malformed_body"),
+        ("order", b'{"business_no": "A-1"}\x00', 400, "malformed_body"),
+        ("order", b'{"business_no": "A\x00B"}', 400, "malformed_body"),
+        ("order", b'{"business_no": "A\\u0007B"}', 422, "invalid_payload"),
+        ("order", b'{"business_no": "../../etc/passwd"}', 422, "invalid_payload"),
+        ("order", b'{"business_no": "A/B"}', 422, "invalid_payload"),
+        ("order", b'{"business_no": "A\\\\B"}', 422, "invalid_payload"),
+        ("order", b'{"business_no": ".."}', 422, "invalid_payload"),
+        ("order", b'{"business_no": "A-1\\r\\nX-Injected: 1"}', 422, "invalid_payload"),
     ],
 )
 def test_bad_body_gets_its_status_and_json_error_and_no_record(

@@ -1,0 +1,230 @@
+"""Hostile requests at the socket level, against `pipeline intake` as it is deployed (its
+uvicorn limits included): headers with CR, a Content-Length that lies, a client sending a
+byte a second, more requests in flight than allowed; and signatures that must not work."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+
+import httpx
+import pytest
+
+from tests.support.harness import signed_headers
+from tests.support.processes import free_port, wait_for
+
+KEY_ID, SECRET = "shop-1", "s3cret-value"
+OTHER_ID, OTHER_SECRET = "shop-2", "other-s3cret"
+BODY = b'{"business_no": "A-1"}'
+
+
+def raw(port: int, data: bytes, *, timeout_s: float = 10) -> bytes:
+    """Send `data` on a new connection; everything the server answers until it closes or
+    goes quiet."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout_s) as sock:
+        sock.sendall(data)
+        return _read_answer(sock)
+
+
+def _read_answer(sock: socket.socket) -> bytes:
+    answer = b""
+    while b"\r\n\r\n" not in answer:
+        chunk = sock.recv(65536)
+        if not chunk:
+            return answer
+        answer += chunk
+    head, _, rest = answer.partition(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            length = int(value.strip())
+    while len(rest) < length:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        rest += chunk
+    return head + b"\r\n\r\n" + rest
+
+
+def status_of(answer: bytes) -> int:
+    return int(answer.split(b" ", 2)[1])
+
+
+def json_error(answer: bytes) -> dict:
+    return json.loads(answer.partition(b"\r\n\r\n")[2])["error"]
+
+
+def request_head(headers: dict[str, str], *, length: int, line: str = "order") -> bytes:
+    lines = [f"POST /v1/{line} HTTP/1.1", "Host: intake", f"Content-Length: {length}"]
+    lines += [f"{k}: {v}" for k, v in headers.items()]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+
+@pytest.fixture
+def intake(harness):
+    """`pipeline intake` in its own process, signed mode, small limits; yields its port."""
+    port = free_port()
+    harness.configure(
+        intake_keys=json.dumps({KEY_ID: SECRET, OTHER_ID: OTHER_SECRET}),
+        admin_token="admin-token",
+        intake_port=str(port),
+        intake_body_timeout_seconds="1",
+        intake_max_concurrent_requests="2",
+    )
+    process = harness.run("intake")
+
+    def healthy() -> bool:
+        assert process.process is not None
+        assert process.process.poll() is None, process.output()
+        try:
+            return httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    wait_for(healthy, timeout_s=30, what="pipeline intake to answer")
+    return port
+
+
+def test_a_header_value_with_a_carriage_return_is_refused(harness, intake):
+    headers = signed_headers(KEY_ID, SECRET, BODY)
+    headers["x-nonce"] = "abc\rX-Injected: 1"
+    answer = raw(intake, request_head(headers, length=len(BODY)) + BODY)
+    assert status_of(answer) == 400
+    assert harness.record_count() == 0
+
+
+def test_a_content_length_longer_than_the_body_gets_408_once_the_timeout_passes(harness, intake):
+    head = request_head(signed_headers(KEY_ID, SECRET, BODY), length=len(BODY) + 50)
+    started = time.monotonic()
+    answer = raw(intake, head + BODY)
+    assert status_of(answer) == 408
+    assert json_error(answer)["code"] == "request_timeout"
+    assert time.monotonic() - started < 5
+    assert harness.record_count() == 0
+
+
+def test_a_content_length_shorter_than_the_body_is_refused(harness, intake):
+    head = request_head(signed_headers(KEY_ID, SECRET, BODY), length=len(BODY) - 5)
+    answer = raw(intake, head + BODY)
+    # The bytes past the declared length are a malformed next request (400), or the
+    # truncated body fails its signature (401): refused either way, nothing stored.
+    assert status_of(answer) in (400, 401)
+    assert harness.record_count() == 0
+
+
+def test_a_chunked_body_past_the_limit_gets_413(harness, intake):
+    head = (
+        b"POST /v1/order HTTP/1.1\r\nHost: intake\r\nTransfer-Encoding: chunked\r\n"
+        + "".join(f"{k}: {v}\r\n" for k, v in signed_headers(KEY_ID, SECRET, b"").items()).encode()
+        + b"\r\n"
+    )
+    chunk = b"x" * 65536
+    chunks = b"".join(b"%x\r\n%s\r\n" % (len(chunk), chunk) for _ in range(20))
+    answer = raw(intake, head + chunks + b"0\r\n\r\n")
+    assert status_of(answer) == 413
+    assert json_error(answer)["code"] == "payload_too_large"
+    assert harness.record_count() == 0
+
+
+def test_a_client_sending_a_byte_a_second_is_cut_off_and_others_are_served(harness, intake):
+    head = request_head(signed_headers(KEY_ID, SECRET, BODY), length=len(BODY))
+    answers: list[bytes] = []
+
+    def slow() -> None:
+        with socket.create_connection(("127.0.0.1", intake), timeout=10) as sock:
+            sock.sendall(head)
+            try:
+                for byte in BODY:
+                    sock.sendall(bytes([byte]))
+                    time.sleep(1)
+            except OSError:
+                pass  # the server gave up on us: what it answered is below
+            answers.append(_read_answer(sock))
+
+    thread = threading.Thread(target=slow, daemon=True)
+    thread.start()
+    time.sleep(0.3)
+    body = b'{"business_no": "FAST-1"}'
+    fast = httpx.post(
+        f"http://127.0.0.1:{intake}/v1/order",
+        content=body,
+        headers=signed_headers(KEY_ID, SECRET, body),
+        timeout=5,
+    )
+    assert fast.status_code == 202
+    thread.join(timeout=30)
+    assert answers, "the slow client got no answer"
+    assert status_of(answers[0]) == 408
+    assert [r.business_no for r in harness.records()] == ["FAST-1"]
+
+
+def test_requests_past_the_in_flight_limit_get_503_with_retry_after(harness, intake):
+    head = request_head(signed_headers(KEY_ID, SECRET, BODY), length=len(BODY))
+    held = [socket.create_connection(("127.0.0.1", intake), timeout=10) for _ in range(2)]
+    try:
+        for sock in held:
+            sock.sendall(head + BODY[:5])  # the rest never comes: each holds a slot
+        time.sleep(0.3)
+        body = b'{"business_no": "THIRD"}'
+        third = httpx.post(
+            f"http://127.0.0.1:{intake}/v1/order",
+            content=body,
+            headers=signed_headers(KEY_ID, SECRET, body),
+            timeout=5,
+        )
+        assert third.status_code == 503
+        assert third.json()["error"]["code"] == "overloaded"
+        assert third.headers["retry-after"] == "1"
+        assert httpx.get(f"http://127.0.0.1:{intake}/healthz", timeout=5).status_code == 200
+        assert [status_of(_read_answer(sock)) for sock in held] == [408, 408]
+    finally:
+        for sock in held:
+            sock.close()
+    after = httpx.post(
+        f"http://127.0.0.1:{intake}/v1/order",
+        content=BODY,
+        headers=signed_headers(KEY_ID, SECRET, BODY),
+        timeout=5,
+    )
+    assert after.status_code == 202
+    assert harness.record_count() == 1
+
+
+def test_a_signature_made_with_another_keys_secret_tells_nothing_more(harness, intake):
+    url = f"http://127.0.0.1:{intake}/v1/order"
+    other = httpx.post(url, content=BODY, headers=signed_headers(KEY_ID, OTHER_SECRET, BODY))
+    unknown = httpx.post(url, content=BODY, headers=signed_headers("shop-9", SECRET, BODY))
+    forged = signed_headers(KEY_ID, SECRET, BODY)
+    forged["x-signature"] = "f" * 64
+    bad = httpx.post(url, content=BODY, headers=forged)
+    # The same answer whether the key is unknown, the secret another key's, or the
+    # signature garbage: a client learns nothing about which keys exist.
+    assert other.status_code == unknown.status_code == bad.status_code == 401
+    assert other.json() == unknown.json() == bad.json()
+    assert harness.record_count() == 0
+
+
+def test_the_nonce_is_remembered_across_an_intake_restart(harness):
+    harness.configure(intake_keys=json.dumps({KEY_ID: SECRET}))
+    first = harness.start_intake()
+    headers = signed_headers(KEY_ID, SECRET, BODY, nonce="nonce-restart")
+    created = first.post("/v1/order", content=BODY, headers=headers)
+    assert created.status_code == 202
+    harness.intakes[0].stop()
+
+    second = harness.start_intake()
+    again = second.post("/v1/order", content=BODY, headers=headers)
+    assert again.status_code == 200
+    assert again.json()["id"] == created.json()["id"]
+    other = b'{"business_no": "A-2"}'
+    reused = second.post(
+        "/v1/order",
+        content=other,
+        headers=signed_headers(KEY_ID, SECRET, other, nonce="nonce-restart"),
+    )
+    assert reused.status_code == 409
+    assert reused.json()["error"]["code"] == "nonce_reused"
+    assert harness.record_count() == 1
