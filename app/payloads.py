@@ -17,7 +17,12 @@ class Payload(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
-    business_no: str = Field(min_length=1, max_length=128, pattern=BUSINESS_NO_PATTERN)
+    business_no: str = Field(
+        min_length=1,
+        max_length=128,
+        pattern=BUSINESS_NO_PATTERN,
+        json_schema_extra={"not": {"enum": [".", ".."]}},
+    )
 
     @field_validator("business_no")
     @classmethod

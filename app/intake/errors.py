@@ -103,7 +103,9 @@ async def _validation_error(_request: Request, exc: Exception) -> JSONResponse:
 
 async def _http_error(_request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
-    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+    code = {400: "malformed_body", 404: "not_found", 405: "method_not_allowed"}.get(
+        exc.status_code, "http_error"
+    )
     return error_response(exc.status_code, code, str(exc.detail))
 
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI
 
@@ -11,6 +13,7 @@ from app.clock import utcnow
 from app.group_accept import GroupAccept
 from app.intake import errors, routes
 from app.intake.limits import ConcurrencyLimit
+from app.lines import LineRegistry
 from app.runtime import Runtime
 from app.settings import Settings
 
@@ -40,4 +43,31 @@ def create_app(settings: Settings) -> FastAPI:
     errors.install(app)
     app.add_middleware(ConcurrencyLimit, limit=settings.intake_max_concurrent_requests)
     app.include_router(routes.router)
+    _document_lines(app, rt.lines)
     return app
+
+
+def _document_lines(app: FastAPI, lines: LineRegistry) -> None:
+    """The OpenAPI document shows `POST /v1/{line}` as one path per configured line, each
+    with its line's payload schema."""
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            document = build()
+            template = document["paths"].pop("/v1/{line}", {}).get("post")
+            if template is not None:
+                for line in lines:
+                    operation = copy.deepcopy(template)
+                    operation["operationId"] = f"post_record_{line.name}"
+                    operation["summary"] = f"Journal a record for the {line.name} line"
+                    operation["parameters"] = [
+                        p for p in operation.get("parameters", []) if p["name"] != "line"
+                    ]
+                    body = operation["requestBody"]["content"]["application/json"]
+                    body["schema"] = line.schema.model_json_schema()
+                    document["paths"][f"/v1/{line.name}"] = {"post": operation}
+            app.openapi_schema = document
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]

@@ -12,7 +12,7 @@ from typing import Annotated, Any
 
 import anyio
 from fastapi import APIRouter, Depends, Query, Request
-from fastapi.responses import HTMLResponse, JSONResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import text
 from sqlalchemy.exc import SQLAlchemyError
@@ -69,6 +69,32 @@ RECORD_BODY = {
 }
 
 
+class ErrorDetail(BaseModel):
+    code: str
+    message: str
+
+
+class ErrorBody(BaseModel):
+    """Every error answer (DESIGN §7)."""
+
+    error: ErrorDetail
+
+
+def errors_doc(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI `responses` for the error answers an endpoint gives."""
+    return {status: {"model": ErrorBody} for status in statuses}
+
+
+# What any endpoint may answer: a malformed request, a body too slow, a bad query or
+# body, a request too many in flight.
+COMMON = (400, 408, 422, 503)
+ADMIN = (*COMMON, 401, 403)
+RECORD_ANSWER = {
+    200: {"description": "a known nonce: the original record; or done under caller_runs"},
+    **errors_doc(*COMMON, 401, 404, 409, 413, 429),
+}
+
+
 async def runtime(request: Request) -> Runtime:
     # async: a plain `def` dependency would cost every request a trip to the thread pool.
     rt: Runtime = request.app.state.runtime
@@ -118,7 +144,7 @@ def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/readyz")
+@router.get("/readyz", responses=errors_doc(503))
 def readyz(rt: RuntimeDep) -> JSONResponse:
     """200 when Redis and the journal answer, else 503 naming what failed."""
     failed: list[str] = []
@@ -142,7 +168,7 @@ def readyz(rt: RuntimeDep) -> JSONResponse:
     return JSONResponse({"status": "ready"})
 
 
-@router.get("/v1/lines")
+@router.get("/v1/lines", responses=errors_doc(*COMMON))
 def lines(rt: RuntimeDep) -> dict[str, Any]:
     """Per line: queue depth and bound, policy, live workers, counts, oldest unfinished age."""
     try:
@@ -152,7 +178,7 @@ def lines(rt: RuntimeDep) -> dict[str, Any]:
     return {"lines": [public(row) for row in rows]}
 
 
-@router.get("/v1/alerts")
+@router.get("/v1/alerts", responses=errors_doc(*COMMON))
 def alerts(rt: RuntimeDep, limit: Annotated[int, Query(ge=1, le=50)] = 20) -> dict[str, Any]:
     """The newest alerts first: event, line, time, count and message (no details)."""
     try:
@@ -163,7 +189,17 @@ def alerts(rt: RuntimeDep, limit: Annotated[int, Query(ge=1, le=50)] = 20) -> di
     return {"alerts": [{key: item.get(key) for key in keys} for item in items]}
 
 
-@router.get("/metrics")
+@router.get(
+    "/metrics",
+    response_class=PlainTextResponse,
+    responses={
+        200: {
+            "description": "Prometheus text",
+            "content": {"text/plain": {"schema": {"type": "string"}}},
+        },
+        **errors_doc(*COMMON),
+    },
+)
 async def metrics(rt: RuntimeDep) -> Response:
     """Prometheus text: per line queue depth and bound, records by status, counters."""
     body = await run_in_threadpool(render, rt, now=utcnow())
@@ -176,7 +212,11 @@ def status_page() -> HTMLResponse:
     return HTMLResponse(STATUS_PAGE.read_text(encoding="utf-8"))
 
 
-@router.get("/v1/records/{record_id}", dependencies=[Depends(require_admin)])
+@router.get(
+    "/v1/records/{record_id}",
+    dependencies=[Depends(require_admin)],
+    responses=errors_doc(*ADMIN, 404),
+)
 def get_record(record_id: str, rt: RuntimeDep) -> dict[str, Any]:
     try:
         with rt.engine.connect() as conn:
@@ -188,7 +228,7 @@ def get_record(record_id: str, rt: RuntimeDep) -> dict[str, Any]:
     return record.public()
 
 
-@router.get("/v1/records", dependencies=[Depends(require_admin)])
+@router.get("/v1/records", dependencies=[Depends(require_admin)], responses=errors_doc(*ADMIN))
 def list_records(
     rt: RuntimeDep,
     line: str | None = None,
@@ -236,7 +276,7 @@ class ReplayRequest(BaseModel):
     dry_run: bool = False
 
 
-@router.post("/v1/replay", dependencies=[Depends(require_admin)])
+@router.post("/v1/replay", dependencies=[Depends(require_admin)], responses=errors_doc(*ADMIN, 404))
 async def post_replay(body: ReplayRequest, request: Request, rt: RuntimeDep) -> dict[str, Any]:
     """Replay records (admin): counts matched / enqueued / deferred / skipped."""
     if body.line is not None:
@@ -262,7 +302,7 @@ async def post_replay(body: ReplayRequest, request: Request, rt: RuntimeDep) -> 
     }
 
 
-@router.post("/v1/{line}", status_code=202, openapi_extra=RECORD_BODY)
+@router.post("/v1/{line}", status_code=202, openapi_extra=RECORD_BODY, responses=RECORD_ANSWER)
 async def post_record(line: str, request: Request, rt: RuntimeDep) -> JSONResponse:
     """Journal a record for `line`, then push it onto the line's queue."""
     body = await read_body(
