@@ -10,7 +10,7 @@ import shutil
 import subprocess
 import time
 from pathlib import Path
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 import redis
 
@@ -47,10 +47,13 @@ def answers(url: str, *, timeout_s: float = 1.0) -> bool:
 class RedisServer:
     """One server process on `host:port`, keeping nothing on disk, stopped by PID."""
 
-    def __init__(self, *, port: int, workdir: Path, host: str = "127.0.0.1") -> None:
+    def __init__(
+        self, *, port: int, workdir: Path, host: str = "127.0.0.1", password: str | None = None
+    ) -> None:
         self.host = host
         self.port = port
         self.workdir = workdir
+        self.password = password
         self.process: subprocess.Popen[bytes] | None = None
 
     @classmethod
@@ -63,7 +66,8 @@ class RedisServer:
 
     @property
     def url(self) -> str:
-        return f"redis://{self.host}:{self.port}/0"
+        auth = f":{quote(self.password, safe='')}@" if self.password else ""
+        return f"redis://{auth}{self.host}:{self.port}/0"
 
     @property
     def pid(self) -> int | None:
@@ -88,12 +92,20 @@ class RedisServer:
                 str(self.workdir),
                 "--maxmemory-policy",
                 "noeviction",
+                # Read from stdin's config below, so the password is not on the command line.
+                "-",
             ],
+            stdin=subprocess.PIPE,
             stdout=log_file,
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
         log_file.close()
+        assert self.process.stdin is not None
+        if self.password:
+            quoted = self.password.replace("\\", "\\\\").replace('"', '\\"')
+            self.process.stdin.write(f'requirepass "{quoted}"\n'.encode())
+        self.process.stdin.close()
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:

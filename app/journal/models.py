@@ -106,7 +106,7 @@ records = Table(
     Column("queue_epoch", String(36), nullable=True),
     Index(None, "status", "next_attempt_at"),
     Index(None, "status", "updated_at"),
-    Index(None, "line", "status"),
+    Index(None, "line", "status", "id"),
     Index(None, "business_no"),
     Index(None, "created_at"),
 )
