@@ -8,6 +8,9 @@ import sys
 import structlog
 
 
+QUIET_LOGGERS = ("httpx", "httpcore")
+
+
 def configure_logging(*, json: bool, level: str = "INFO") -> None:
     """Route structlog (and the standard library's logging) to stderr."""
     renderer: structlog.types.Processor = (
@@ -25,6 +28,10 @@ def configure_logging(*, json: bool, level: str = "INFO") -> None:
         cache_logger_on_first_use=False,
     )
     logging.basicConfig(level=level, stream=sys.stderr, format="%(levelname)s %(name)s %(message)s")
+    # httpx logs each request's full URL at INFO, query string included: a DingTalk access
+    # token, a downstream URL's credentials. Ours log the URLs redacted instead.
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(max(logging.WARNING, logging.getLevelName(level)))
 
 
 def get_logger(name: str) -> structlog.stdlib.BoundLogger:
