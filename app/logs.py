@@ -7,7 +7,6 @@ import sys
 
 import structlog
 
-
 QUIET_LOGGERS = ("httpx", "httpcore")
 
 
