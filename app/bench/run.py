@@ -25,7 +25,7 @@ from typing import Any
 
 import httpx
 import redis
-from sqlalchemy import func, insert, select, text
+from sqlalchemy import delete, func, insert, select
 
 from app.admission import build_message
 from app.bench.load import LoadResult, Request, run_load
@@ -34,7 +34,15 @@ from app.bench.reference import NOOP_QUEUE, NOOP_TASK
 from app.embedded_redis import RedisServer, answers
 from app.intake.signing import sign
 from app.journal.engine import make_engine
-from app.journal.models import RecordStatus, Source, records
+from app.journal.models import (
+    RecordStatus,
+    Source,
+    order_status,
+    orders,
+    records,
+    refunds,
+    replays,
+)
 from app.journal.schema import upgrade
 from app.replay import ReplayFilter, replay
 from app.runtime import Runtime
@@ -190,11 +198,8 @@ class Bench:
         engine = make_engine(self.database_url)
         try:
             with engine.begin() as conn:
-                if engine.dialect.name == "postgresql":
-                    conn.execute(text("TRUNCATE records, replays, orders, refunds, order_status"))
-                else:
-                    for table in ("records", "replays", "orders", "refunds", "order_status"):
-                        conn.execute(text(f"DELETE FROM {table}"))  # noqa: S608 - fixed names
+                for table in (records, replays, orders, refunds, order_status):
+                    conn.execute(delete(table))
         finally:
             engine.dispose()
 

@@ -9,6 +9,7 @@ from sqlalchemy.engine import make_url
 
 # How long a SQLite writer waits for the lock before the journal counts as unavailable.
 SQLITE_BUSY_TIMEOUT_S = 30
+_BUSY_TIMEOUT_PRAGMA = f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_S * 1000}"
 # A PostgreSQL that does not answer within this is unavailable: fail fast, answer 503.
 PG_CONNECT_TIMEOUT_S = 5
 
@@ -48,7 +49,7 @@ def _sqlite_engine(url: str) -> Engine:
         cursor = dbapi_connection.cursor()
         cursor.execute("PRAGMA journal_mode=WAL")
         cursor.execute("PRAGMA synchronous=NORMAL")
-        cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_S * 1000}")
+        cursor.execute(_BUSY_TIMEOUT_PRAGMA)
         cursor.close()
 
     @event.listens_for(engine, "begin")

@@ -95,6 +95,8 @@ def _run_and_search(harness, tmp_path, redis_server, recorder) -> None:
 
     ok = post("order", b'{"business_no": "S-1"}')
     assert ok.status_code == 202
+    # Every component works through the password-protected Redis: the worker delivers.
+    harness.wait_until_final({ok.json()["id"]}, timeout_s=60)
     for n in range(3):  # the refund line has no worker and room for one: QUEUE_FULL
         post("refund", json.dumps({"business_no": f"R-{n}"}).encode())
     assert post("order", b'{"business_no": "S-2"}', **{"x-signature": "0" * 64}).status_code == 401
