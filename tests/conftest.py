@@ -25,6 +25,20 @@ from tests.support.processes import free_port
 PG_ADMIN_URL = os.environ.get("PIPELINE_TEST_DATABASE_URL", "")
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """On PostgreSQL, skip (with the reason printed) what does not touch the journal's
+    database: it has run in the SQLite pass."""
+    if not PG_ADMIN_URL:
+        return
+    once = pytest.mark.skip(
+        reason="runs once, in the SQLite pass: what it checks does not depend on the "
+        "journal's database"
+    )
+    for item in items:
+        if item.get_closest_marker("journal_independent"):
+            item.add_marker(once)
+
+
 def pytest_report_header() -> str:
     backend = make_url(PG_ADMIN_URL).render_as_string() if PG_ADMIN_URL else "sqlite"
     return f"journal database: {backend}"

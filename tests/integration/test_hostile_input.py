@@ -13,6 +13,9 @@ import httpx
 import pytest
 
 from tests.support.harness import signed_headers
+
+# HTTP, Redis or the browser: the journal's database plays no part.
+pytestmark = pytest.mark.journal_independent
 from tests.support.processes import free_port, wait_for
 
 KEY_ID, SECRET = "shop-1", "s3cret-value"

@@ -15,6 +15,9 @@ import redis
 
 from app.admission import TASK_NAME
 
+# HTTP, Redis or the browser: the journal's database plays no part.
+pytestmark = pytest.mark.journal_independent
+
 
 class TouchOnLoad:
     """Unpickling this creates `path`: the side effect that must never happen."""

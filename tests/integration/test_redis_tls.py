@@ -17,6 +17,9 @@ import redis
 from app.redis_client import make_redis
 from tests.support.processes import free_port, wait_for
 
+# HTTP, Redis or the browser: the journal's database plays no part.
+pytestmark = pytest.mark.journal_independent
+
 REDIS_SERVER = shutil.which("redis-server")
 OPENSSL = shutil.which("openssl")
 

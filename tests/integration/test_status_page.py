@@ -19,6 +19,9 @@ from selenium.webdriver.support.ui import Select, WebDriverWait
 
 from tests.support.processes import REPO
 
+# HTTP, Redis or the browser: the journal's database plays no part.
+pytestmark = pytest.mark.journal_independent
+
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
 ARTIFACTS = Path(os.environ.get("PIPELINE_TEST_ARTIFACTS", REPO / "artifacts"))
