@@ -13,10 +13,10 @@ import httpx
 import pytest
 
 from tests.support.harness import signed_headers
+from tests.support.processes import free_port, wait_for
 
 # HTTP, Redis or the browser: the journal's database plays no part.
 pytestmark = pytest.mark.journal_independent
-from tests.support.processes import free_port, wait_for
 
 KEY_ID, SECRET = "shop-1", "s3cret-value"
 OTHER_ID, OTHER_SECRET = "shop-2", "other-s3cret"

@@ -149,6 +149,9 @@ class Harness:
         return dict(latest)
 
     def close(self) -> None:
+        # All are asked at once, then each is waited for: their shutdowns overlap.
+        for component in reversed(self.components):
+            component.ask_to_stop()
         for component in reversed(self.components):
             component.stop()
         for client in self.clients:

@@ -39,8 +39,10 @@ class Component:
         self.env = env
         self.log_path = log_path
         self.process: subprocess.Popen[bytes] | None = None
+        self.signalled = False
 
     def start(self) -> Component:
+        self.signalled = False
         log = self.log_path.open("ab")
         self.process = subprocess.Popen(
             [sys.executable, "-m", "app.cli", *self.args],
@@ -70,13 +72,20 @@ class Component:
 
         wait_for(seen, timeout_s=timeout_s, what=f"{text!r} from {self.args}")
 
+    def ask_to_stop(self, sig: int = signal.SIGTERM) -> None:
+        """Ask the process to stop, without waiting (see `stop`)."""
+        process = self.process
+        if process is not None and process.poll() is None and not self.signalled:
+            process.send_signal(sig)
+            self.signalled = True
+
     def stop(self, *, sig: int = signal.SIGTERM, timeout_s: float = 20) -> None:
-        """Signal the process, wait, then SIGKILL its whole group."""
+        """Signal the process (unless `ask_to_stop` did), wait, then SIGKILL its whole group."""
         process = self.process
         if process is None:
             return
         if process.poll() is None:
-            process.send_signal(sig)
+            self.ask_to_stop(sig)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 process.wait(timeout=timeout_s)
         with contextlib.suppress(ProcessLookupError, PermissionError):
