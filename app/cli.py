@@ -79,6 +79,9 @@ def intake(
         # A backstop behind the app's own limit (which answers with the JSON error).
         "limit_concurrency": settings.intake_max_concurrent_requests * 2,
         "server_header": False,
+        # Headers are bounded by the HTTP parser: httptools (llhttp) refuses more than
+        # 80 KiB of them; h11, when used, at this size.
+        "h11_max_incomplete_event_size": 64 * 1024,
         "log_level": "warning",
     }
     if settings.intake_workers > 1:

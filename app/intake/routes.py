@@ -6,14 +6,14 @@ import functools
 import hmac
 import random
 import time
-from datetime import datetime
+from datetime import UTC, datetime
 from importlib import resources
 from typing import Annotated, Any
 
 import anyio
-from fastapi import APIRouter, Depends, Query, Request
+from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
 from sqlalchemy import text
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.concurrency import run_in_threadpool
@@ -78,6 +78,19 @@ class ErrorBody(BaseModel):
     """Every error answer (DESIGN §7)."""
 
     error: ErrorDetail
+
+
+def _in_utc(value: datetime) -> datetime:
+    try:
+        return (value.replace(tzinfo=UTC) if value.tzinfo is None else value).astimezone(UTC)
+    except OverflowError:
+        raise ValueError("the time has no UTC equivalent") from None
+
+
+# What filters take: text no database refuses (PostgreSQL refuses NUL), and times that
+# exist in UTC.
+Text = Annotated[str, StringConstraints(pattern=r"^[^\x00]*$")]
+UtcTime = Annotated[datetime, AfterValidator(_in_utc)]
 
 
 def errors_doc(*statuses: int) -> dict[int | str, dict[str, Any]]:
@@ -217,7 +230,9 @@ def status_page() -> HTMLResponse:
     dependencies=[Depends(require_admin)],
     responses=errors_doc(*ADMIN, 404),
 )
-def get_record(record_id: str, rt: RuntimeDep) -> dict[str, Any]:
+def get_record(
+    record_id: Annotated[str, Path(max_length=128, pattern=r"^[^\x00]*$")], rt: RuntimeDep
+) -> dict[str, Any]:
     try:
         with rt.engine.connect() as conn:
             record = store.get_record(conn, record_id)
@@ -231,14 +246,14 @@ def get_record(record_id: str, rt: RuntimeDep) -> dict[str, Any]:
 @router.get("/v1/records", dependencies=[Depends(require_admin)], responses=errors_doc(*ADMIN))
 def list_records(
     rt: RuntimeDep,
-    line: str | None = None,
+    line: Annotated[Text | None, Query(max_length=32)] = None,
     status: Annotated[list[RecordStatus] | None, Query()] = None,
     source: Source | None = None,
-    business_no: Annotated[list[str] | None, Query(max_length=128)] = None,
-    since: datetime | None = None,
-    until: datetime | None = None,
+    business_no: Annotated[list[Text] | None, Query(max_length=128)] = None,
+    since: UtcTime | None = None,
+    until: UtcTime | None = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    after: Annotated[str | None, Query(max_length=26)] = None,
+    after: Annotated[Text | None, Query(max_length=26)] = None,
 ) -> dict[str, Any]:
     """Records by id, filtered; `next` is the cursor for the following page."""
     where = RecordFilter(
@@ -266,10 +281,10 @@ class ReplayRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    line: str | None = None
-    since: datetime | None = None
-    until: datetime | None = None
-    business_nos: list[Annotated[str, Field(max_length=128)]] = Field(
+    line: Annotated[Text, Field(max_length=32)] | None = None
+    since: UtcTime | None = None
+    until: UtcTime | None = None
+    business_nos: list[Annotated[Text, Field(max_length=128)]] = Field(
         default_factory=list, max_length=10_000
     )
     statuses: list[RecordStatus] = Field(default_factory=list)

@@ -8,6 +8,7 @@ import ast
 import json
 import subprocess
 import sys
+import urllib.parse
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,7 @@ INJECTIONS = [
     "_",
     "' UNION SELECT id, payload FROM records --",
     "\\' OR 1=1 #",
+    "a\x00' OR 1=1",  # PostgreSQL refuses NUL in text: refused before it gets there
 ]
 SQL_CALLS = {"text", "execute", "exec_driver_sql", "executescript"}
 
@@ -57,16 +59,21 @@ def test_injection_strings_through_every_filter_find_and_change_nothing(harness,
         # `after` is a cursor: the ids that sort after the string, taken as a plain value.
         expected = sorted(i for i in ids if i > evil) if name == "after" else []
         assert found == expected, (name, found)
-    assert intake.get(f"/v1/records/{evil}", headers=admin).status_code in (404, 422)
+    path = "/v1/records/" + urllib.parse.quote(evil, safe="")
+    assert intake.get(path, headers=admin).status_code in (404, 422)
     replay = intake.post(
         "/v1/replay",
         json={"business_nos": [evil], "dry_run": True},
         headers=admin,
     )
+    if "\x00" in evil:
+        assert replay.status_code == 422, replay.text
+        assert harness.record_count() == before
+        return  # a command line cannot carry a NUL
     assert replay.status_code == 200, replay.text
     assert replay.json()["matched"] == 0
     line = intake.post("/v1/replay", json={"line": evil, "dry_run": True}, headers=admin)
-    assert line.status_code == 404
+    assert line.status_code in (404, 422)  # unknown, or longer than a line name can be
     schedule = subprocess.run(
         [PIPELINE, "schedules", "remove", evil],
         env=harness.env,
@@ -78,6 +85,16 @@ def test_injection_strings_through_every_filter_find_and_change_nothing(harness,
     assert schedule.returncode != 0
     assert "Traceback" not in schedule.stderr
     assert harness.record_count() == before == 3
+
+
+@pytest.mark.parametrize("moment", ["0001-01-01T00:00:00+01:00", "9999-12-31T23:59:59-01:00"])
+def test_times_with_no_utc_equivalent_are_refused(intake, moment):
+    admin = {"authorization": f"Bearer {ADMIN}"}
+    for name in ("since", "until"):
+        response = intake.get("/v1/records", params={name: moment}, headers=admin)
+        assert response.status_code == 422, response.text
+        replay = intake.post("/v1/replay", json={name: moment, "dry_run": True}, headers=admin)
+        assert replay.status_code == 422, replay.text
 
 
 def sql_built_from_strings(path: Path) -> list[str]:
