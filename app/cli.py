@@ -79,8 +79,8 @@ def intake(
         # A backstop behind the app's own limit (which answers with the JSON error).
         "limit_concurrency": settings.intake_max_concurrent_requests * 2,
         "server_header": False,
-        # Headers are bounded by the HTTP parser: httptools (llhttp) refuses more than
-        # 80 KiB of them; h11, when used, at this size.
+        # What h11 (when used instead of httptools) buffers of an incomplete request; the
+        # app refuses headers past PIPELINE_INTAKE_MAX_HEADER_BYTES with 431.
         "h11_max_incomplete_event_size": 64 * 1024,
         "log_level": "warning",
     }

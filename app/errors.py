@@ -9,6 +9,7 @@
     ├── InvalidPayload         the body is not a valid payload for its line
     ├── PayloadTooLarge        the body is over the size limit
     ├── RequestTimeout         the body did not arrive in time
+    ├── HeadersTooLarge        the request's headers are over the limit
     ├── Overloaded             the intake has too many requests in flight
     ├── BadSignature           the request is not authenticated
     ├── NonceReused            a known nonce came back with a different body
@@ -85,6 +86,12 @@ class RequestTimeout(PipelineError):
     """The request's body did not arrive in time."""
 
     code = "request_timeout"
+
+
+class HeadersTooLarge(PipelineError):
+    """The request's headers are over the limit."""
+
+    code = "headers_too_large"
 
 
 class Overloaded(PipelineError):

@@ -112,6 +112,7 @@ class Settings(BaseSettings):
     intake_max_concurrent_requests: int = Field(default=256, ge=1)
     intake_body_timeout_seconds: float = Field(default=10, gt=0)
     intake_keep_alive_seconds: int = Field(default=5, ge=1)
+    intake_max_header_bytes: int = Field(default=16 * 1024, ge=1024)
     timestamp_window_seconds: int = Field(default=300, ge=1)
     alert_webhooks: list[WebhookSettings] = Field(default_factory=list)
     alert_window_seconds: float = Field(default=60, gt=0)

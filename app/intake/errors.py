@@ -20,6 +20,7 @@ STATUS_BY_ERROR: dict[type[errors.PipelineError], int] = {
     errors.InvalidPayload: 422,
     errors.PayloadTooLarge: 413,
     errors.RequestTimeout: 408,
+    errors.HeadersTooLarge: 431,
     errors.Overloaded: 503,
     errors.BadSignature: 401,
     errors.AdminRequired: 401,

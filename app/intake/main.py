@@ -12,7 +12,7 @@ from fastapi import FastAPI
 from app.clock import utcnow
 from app.group_accept import GroupAccept
 from app.intake import errors, routes
-from app.intake.limits import ConcurrencyLimit
+from app.intake.limits import RequestLimits
 from app.lines import LineRegistry
 from app.runtime import Runtime
 from app.settings import Settings
@@ -41,7 +41,11 @@ def create_app(settings: Settings) -> FastAPI:
     app.state.group_accept = group
     app.state.caller_run_limiters = {}
     errors.install(app)
-    app.add_middleware(ConcurrencyLimit, limit=settings.intake_max_concurrent_requests)
+    app.add_middleware(
+        RequestLimits,
+        limit=settings.intake_max_concurrent_requests,
+        max_header_bytes=settings.intake_max_header_bytes,
+    )
     app.include_router(routes.router)
     _document_lines(app, rt.lines)
     return app

@@ -99,8 +99,8 @@ def errors_doc(*statuses: int) -> dict[int | str, dict[str, Any]]:
 
 
 # What any endpoint may answer: a malformed request, a body too slow, a bad query or
-# body, a request too many in flight.
-COMMON = (400, 408, 422, 503)
+# body, headers too large, a request too many in flight.
+COMMON = (400, 408, 422, 431, 503)
 ADMIN = (*COMMON, 401, 403)
 RECORD_ANSWER = {
     200: {"description": "a known nonce: the original record; or done under caller_runs"},
