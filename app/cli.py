@@ -177,6 +177,9 @@ def bench(
     save: Annotated[
         Path | None, typer.Option(help="Also write the figures to this file, as JSON.")
     ] = None,
+    no_wrk: Annotated[
+        bool, typer.Option("--no-wrk", help="The built-in load generator even if wrk is here.")
+    ] = False,
 ) -> None:
     """Measure the pipeline beside the references of DESIGN §12, in one run."""
     import tempfile  # noqa: PLC0415
@@ -193,6 +196,7 @@ def bench(
             database_url=database_url,
             workdir=Path(workdir),
             progress=lambda message: console.print(f"[dim]bench[/dim] {message}"),
+            plain_load=no_wrk,
         )
     if save is not None:
         save.write_text(json.dumps(figures, indent=2) + "\n")

@@ -28,7 +28,7 @@ import redis
 from sqlalchemy import delete, func, insert, select
 
 from app.admission import build_message
-from app.bench.load import LoadResult, Request, run_load
+from app.bench.load import LoadResult, Request, run_load, run_wrk, wrk_path
 from app.bench.procs import RssSampler, free_port, listening, log_path, wait_until
 from app.bench.reference import NOOP_QUEUE, NOOP_TASK
 from app.embedded_redis import RedisServer, answers
@@ -53,6 +53,10 @@ KEY_ID, SECRET = "bench", "bench-secret"
 # Big enough that no scenario meets the bound: the bench measures the normal path.
 BENCH_BOUND = 5_000_000
 POOL = ("prefork", 2)
+# Requests made ahead for wrk, per second of its run: above what any endpoint here serves
+# signed and journaled, so each request has its own nonce (the bare endpoint, faster,
+# takes them again in turn; it reads no nonce).
+WRK_REQUESTS_PER_S = 4_000
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -132,6 +136,7 @@ class Bench:
         redis_url: str | None,
         database_url: str | None,
         progress: Callable[[str], None],
+        plain_load: bool = False,
     ) -> None:
         self.sizes = Sizes.for_run(quick=quick)
         self.quick = quick
@@ -144,6 +149,7 @@ class Bench:
         self.redis_url = redis_url or ""
         self.database_url = database_url or f"sqlite:///{workdir / 'journal.db'}"
         self.results: dict[str, Any] = {}
+        self.wrk = wrk_path() is not None and not plain_load
 
     # Set-up and tear-down.
 
@@ -279,14 +285,25 @@ class Bench:
             with self.server(f"intake-{name}", target) as (url, child):
                 run_load(url, make, concurrency=sizes.concurrency, duration_s=sizes.warmup_s)
                 assert child.process is not None
+                # Numbers after the warm-up's: each request has its own nonce.
+                measured = functools.partial(_offset, make, 10_000_000)
                 with RssSampler(child.process.pid) as rss:
-                    # Numbers after the warm-up's: each request has its own nonce.
-                    result = run_load(
-                        url,
-                        functools.partial(_offset, make, 10_000_000),
-                        concurrency=sizes.concurrency,
-                        duration_s=sizes.intake_s,
-                    )
+                    if self.wrk:
+                        result = run_wrk(
+                            url,
+                            measured,
+                            concurrency=sizes.concurrency,
+                            duration_s=sizes.intake_s,
+                            count=int(sizes.intake_s * WRK_REQUESTS_PER_S),
+                            workdir=self.workdir / f"wrk-{name}",
+                        )
+                    else:
+                        result = run_load(
+                            url,
+                            measured,
+                            concurrency=sizes.concurrency,
+                            duration_s=sizes.intake_s,
+                        )
                 figures[name] = load_figures(result)
                 if name == "ours":
                     self.results.setdefault("memory", {})["intake"] = rss.summary()
@@ -524,7 +541,7 @@ class Bench:
             "python": platform.python_version(),
             "platform": platform.platform(),
             "database": engine_name,
-            "load_generator": "asyncio (built in)",
+            "load_generator": "wrk (Lua script)" if self.wrk else "asyncio (built in)",
             "quick": self.quick,
         }
 
@@ -547,14 +564,17 @@ def run_bench(
     database_url: str | None,
     workdir: Path,
     progress: Callable[[str], None],
+    plain_load: bool = False,
 ) -> dict[str, Any]:
-    """Run every scenario; returns the figures."""
+    """Run every scenario; returns the figures. `plain_load`: the built-in load generator
+    even where wrk is installed."""
     bench = Bench(
         quick=quick,
         workdir=workdir,
         redis_url=redis_url,
         database_url=database_url,
         progress=progress,
+        plain_load=plain_load,
     )
     try:
         bench.start()
