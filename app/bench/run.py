@@ -8,258 +8,50 @@ nothing here passes or fails on speed."""
 from __future__ import annotations
 
 import functools
-import json
-import os
-import platform
-import shutil
 import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import httpx
 import redis
-from sqlalchemy import delete, func, insert, select
+from sqlalchemy import insert, select
 
 from app.admission import build_message
-from app.bench.load import LoadResult, Request, run_load, run_wrk, wrk_path
-from app.bench.procs import RssSampler, free_port, listening, log_path, wait_until
+from app.bench.load import Request, run_load, run_wrk
+from app.bench.procs import RssSampler, log_path, wait_until
 from app.bench.reference import NOOP_QUEUE, NOOP_TASK
-from app.embedded_redis import RedisServer, answers
-from app.intake.signing import sign
+from app.bench.stack import (
+    BENCH_BOUND,
+    POOL,
+    BenchStack,
+    load_figures,
+    order_body,
+    plain_request,
+    signed_request,
+)
 from app.journal.engine import make_engine
 from app.journal.models import (
     RecordStatus,
     Source,
-    order_status,
-    orders,
     records,
-    refunds,
-    replays,
 )
-from app.journal.schema import upgrade
 from app.replay import ReplayFilter, replay
 from app.runtime import Runtime
 from app.settings import load_settings
-from app.supervisor import STOP_TIMEOUT_S, Child
 
-KEY_ID, SECRET = "bench", "bench-secret"
-# Big enough that no scenario meets the bound: the bench measures the normal path.
-BENCH_BOUND = 5_000_000
-POOL = ("prefork", 2)
 # Requests made ahead for wrk, per second of its run: above what any endpoint here serves
 # signed and journaled, so each request has its own nonce (the bare endpoint, faster,
 # takes them again in turn; it reads no nonce).
 WRK_REQUESTS_PER_S = 4_000
 
 
-@dataclass(frozen=True, kw_only=True)
-class Sizes:
-    """How long and how much each scenario runs."""
-
-    intake_s: float
-    warmup_s: float
-    concurrency: int
-    end_to_end: int
-    replay_rows: int
-    isolation_s: float
-
-    @classmethod
-    def for_run(cls, *, quick: bool) -> Sizes:
-        if quick:
-            return cls(
-                intake_s=2,
-                warmup_s=0.5,
-                concurrency=16,
-                end_to_end=1_000,
-                replay_rows=20_000,
-                isolation_s=3,
-            )
-        return cls(
-            intake_s=10,
-            warmup_s=2,
-            concurrency=16,
-            end_to_end=20_000,
-            replay_rows=1_000_000,
-            isolation_s=15,
-        )
-
-
-def signed_request(line: str, tag: str, body: dict[str, Any]) -> Request:
-    raw = json.dumps(body).encode()
-    ts = str(int(time.time()))
-    nonce = f"{tag}-{body['business_no']}"
-    headers = {
-        "content-type": "application/json",
-        "x-key-id": KEY_ID,
-        "x-timestamp": ts,
-        "x-nonce": nonce,
-        "x-signature": sign(SECRET, timestamp=ts, nonce=nonce, body=raw),
-    }
-    return ("POST", f"/v1/{line}", headers, raw)
-
-
-def plain_request(line: str, body: dict[str, Any]) -> Request:
-    return ("POST", f"/v1/{line}", {"content-type": "application/json"}, json.dumps(body).encode())
-
-
-def order_body(n: int, tag: str) -> dict[str, Any]:
-    return {"business_no": f"{tag}-{n}", "amount": 42, "currency": "EUR"}
-
-
-def load_figures(result: LoadResult) -> dict[str, Any]:
-    ok = sum(n for status, n in result.statuses.items() if 200 <= status < 300)
-    return {
-        "requests_per_s": round(result.rate, 1),
-        "p50_ms": round(result.percentile(0.50) * 1000, 2),
-        "p99_ms": round(result.percentile(0.99) * 1000, 2),
-        "requests": result.requests,
-        "non_2xx": result.requests - ok,
-        "errors": result.errors,
-    }
-
-
-class Bench:
-    """One run: its servers, its processes, its figures."""
-
-    def __init__(
-        self,
-        *,
-        quick: bool,
-        workdir: Path,
-        redis_url: str | None,
-        database_url: str | None,
-        progress: Callable[[str], None],
-        plain_load: bool = False,
-    ) -> None:
-        self.sizes = Sizes.for_run(quick=quick)
-        self.quick = quick
-        self.workdir = workdir
-        self.progress = progress
-        self.children: list[Child] = []
-        self.own_redis: RedisServer | None = None
-        self.given_redis = redis_url
-        self.given_database = database_url
-        self.redis_url = redis_url or ""
-        self.database_url = database_url or f"sqlite:///{workdir / 'journal.db'}"
-        self.results: dict[str, Any] = {}
-        self.wrk = wrk_path() is not None and not plain_load
-
-    # Set-up and tear-down.
-
-    def start(self) -> None:
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        if self.given_redis is None:
-            self.own_redis = RedisServer(port=free_port(), workdir=self.workdir)
-            self.own_redis.start()
-            self.redis_url = self.own_redis.url
-        elif not answers(self.given_redis):
-            raise RuntimeError(f"no Redis answers at {self.given_redis}")
-        engine = make_engine(self.database_url)
-        try:
-            upgrade(engine)
-        finally:
-            engine.dispose()
-
-    def close(self) -> None:
-        for child in reversed(self.children):
-            child.stop(timeout_s=STOP_TIMEOUT_S)
-        self.children.clear()
-        if self.own_redis is not None:
-            self.own_redis.stop()
-
-    def env(self, **extra: str) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("PIPELINE_")}
-        env.update(
-            PIPELINE_REDIS_URL=self.redis_url,
-            PIPELINE_DATABASE_URL=self.database_url,
-            PIPELINE_INTAKE_KEYS=json.dumps({KEY_ID: SECRET}),
-            PIPELINE_LINES__ORDER__MAX_QUEUE_LENGTH=str(BENCH_BOUND),
-            PIPELINE_LINES__STATUS__MAX_QUEUE_LENGTH=str(BENCH_BOUND),
-            PIPELINE_LINES__REFUND__MAX_QUEUE_LENGTH=str(BENCH_BOUND),
-        )
-        env.update(extra)
-        return env
-
-    def _start(self, name: str, argv: list[str], **env: str) -> Child:
-        child = Child(name, argv, log_path=log_path(self.workdir, name))
-        child.start(self.env(**env))
-        self.children.append(child)
-        return child
-
-    def _stop(self, child: Child) -> None:
-        child.stop(timeout_s=STOP_TIMEOUT_S)
-        self.children.remove(child)
-
-    def reset(self) -> None:
-        """An empty Redis and an empty journal."""
-        with redis.Redis.from_url(self.redis_url) as client:
-            client.flushdb()
-        engine = make_engine(self.database_url)
-        try:
-            with engine.begin() as conn:
-                for table in (records, replays, orders, refunds, order_status):
-                    conn.execute(delete(table))
-        finally:
-            engine.dispose()
-
-    @contextmanager
-    def server(self, name: str, target: str) -> Iterator[tuple[str, Child]]:
-        """`target` (an app factory) under uvicorn, one process, as our intake is served."""
-        port = free_port()
-        argv = [
-            sys.executable,
-            "-m",
-            "uvicorn",
-            "--factory",
-            target,
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--workers",
-            "1",
-            "--log-level",
-            "warning",
-            "--no-access-log",
-        ]
-        child = self._start(name, argv)
-        try:
-            wait_until(lambda: listening(port), timeout_s=60, what=f"{name} to listen")
-            yield f"http://127.0.0.1:{port}", child
-        finally:
-            self._stop(child)
-
-    def worker(self, line: str) -> Child:
-        pool, size = POOL
-        argv = [sys.executable, "-m", "app.cli", "worker", line, "--pool", pool]
-        child = self._start(f"worker-{line}", [*argv, "--concurrency", str(size)])
-        with redis.Redis.from_url(self.redis_url) as client:
-            wait_until(
-                lambda: any(client.scan_iter(match=f"pipeline:workers:{line}:*")),
-                timeout_s=60,
-                what=f"the {line} worker's heartbeat",
-            )
-        return child
-
-    def journal_count(self, *, line: str, status: RecordStatus | None = None) -> int:
-        engine = make_engine(self.database_url)
-        try:
-            query = select(func.count()).select_from(records).where(records.c.line == line)
-            if status is not None:
-                query = query.where(records.c.status == status.value)
-            with engine.connect() as conn:
-                return int(conn.execute(query).scalar_one())
-        finally:
-            engine.dispose()
-
-    # The scenarios.
+class Bench(BenchStack):
+    """The scenarios of one run (DESIGN §12)."""
 
     def intake(self) -> None:
         sizes = self.sizes
@@ -534,17 +326,6 @@ class Bench:
             ),
         }
 
-    def machine(self) -> dict[str, Any]:
-        engine_name = self.database_url.split(":", 1)[0]
-        return {
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "platform": platform.platform(),
-            "database": engine_name,
-            "load_generator": "wrk (Lua script)" if self.wrk else "asyncio (built in)",
-            "quick": self.quick,
-        }
-
 
 def _offset(make: Callable[[int], Request], offset: int, n: int) -> Request:
     return make(n + offset)
@@ -583,6 +364,4 @@ def run_bench(
         bench.results["machine"] = bench.machine()
         return bench.results
     finally:
-        bench.close()
-        if database_url is None:
-            shutil.rmtree(workdir / "journal.db", ignore_errors=True)
+        bench.close()  # the journal it made lives in `workdir`, which the caller removes
