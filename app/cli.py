@@ -61,10 +61,12 @@ def intake(
     """Serve the HTTP intake."""
     import uvicorn  # noqa: PLC0415
 
+    from app.intake.asgi import tune_gc  # noqa: PLC0415
     from app.intake.main import create_app  # noqa: PLC0415
 
     settings = _settings()
     app = create_app(settings)
+    tune_gc()
     bind = host or settings.intake_host
     if settings.dev_mode:
         print(
