@@ -64,8 +64,11 @@ def create_celery(settings: Settings) -> PipelineCelery:
         task_time_limit=max(1, int(settings.visibility_timeout_seconds * 0.9)),
         task_reject_on_worker_lost=True,
         worker_prefetch_multiplier=1,
-        # Task events, so Flower shows what each worker runs.
-        worker_send_task_events=True,
+        # Task events stay off by default: Flower turns them on in the workers while it runs
+        # (its enable_events broadcast), so its task view works. Always on, they stalled a
+        # worker's consumer for ~90 s behind a proxy that drops idle connections silently
+        # (tests/chaos/test_proxy.py): the event publisher's idle connection was the one lost.
+        worker_send_task_events=False,
         task_queues=[Queue(name, routing_key=name) for name in settings.lines],  # type: ignore[no-untyped-call]
         task_routes={TASK_NAME: {"queue": next(iter(settings.lines), "order")}},
         task_create_missing_queues=False,
