@@ -1,4 +1,4 @@
-"""Two changes to kombu's Redis transport in the pipeline's workers.
+"""Three changes to kombu's Redis transport in the pipeline's workers.
 
 1. One client object per channel. kombu builds a new `redis.Redis` (over the channel's
    connection pool) for every command it sends outside the blocking fetch: an ack, a
@@ -14,7 +14,15 @@ the worker held back on their queues, over the connection that just died. The er
 raises there stops Celery's consumer from reconnecting: the worker stays up, consumes
 nothing, and keeps its heartbeat (seen in the chaos test that kills Redis). Skipping that
 restore loses nothing: the messages are still in Redis's unacked set (kombu returns them
-after the visibility timeout) or were lost with Redis, and the journal re-enqueues those."""
+after the visibility timeout) or were lost with Redis, and the journal re-enqueues those.
+
+3. No health-check ping that waits on the event loop. The commands a worker sends between
+   fetches (acks, kombu's binding refresh every second, Celery's heartbeat events) use
+   connections that are replaced when idle past the interval (`app.redis_client`). The
+   fetch and pub/sub connections are not checked before a command at all: a check there
+   either waits out the socket timeout on a dead connection or, when it reconnects,
+   leaves kombu waiting on the old socket and sending a second fetch. kombu watches those
+   two itself (a fetch reply overdue, pings unanswered) and replaces them."""
 
 from __future__ import annotations
 
@@ -26,6 +34,7 @@ import redis
 from kombu.transport import redis as kombu_redis
 
 from app.logs import get_logger
+from app.redis_client import replaced_when_idle
 
 log = get_logger(__name__)
 
@@ -76,3 +85,25 @@ def _conn_or_acquire(self: Any, client: Any = None) -> Iterator[Any]:
 
 
 kombu_redis.Channel.conn_or_acquire = _conn_or_acquire  # type: ignore[method-assign]
+
+
+_connparams = kombu_redis.Channel._connparams
+
+
+def _connparams_without_waiting_checks(self: Any, asynchronous: bool = False) -> Any:
+    params = _connparams(self, asynchronous)  # type: ignore[no-untyped-call]
+    base = params["connection_class"]
+    if asynchronous:
+        params["connection_class"] = type(
+            "EventLoopConnection", (base,), {"check_health": _no_check}
+        )
+    else:
+        params["connection_class"] = replaced_when_idle(base)
+    return params
+
+
+def _no_check(self: Any) -> None:
+    """The fetch and pub/sub connections: kombu's event loop watches them (see above)."""
+
+
+kombu_redis.Channel._connparams = _connparams_without_waiting_checks  # type: ignore[method-assign]
