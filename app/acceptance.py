@@ -99,7 +99,10 @@ def _admit(
     the ids pushed to `enqueued` under their epoch."""
     try:
         pushed = rt.admission.push(
-            line.queue, [r.id for r in admitted], max_length=line.settings.max_queue_length
+            line.queue,
+            [r.id for r in admitted],
+            max_length=line.settings.max_queue_length,
+            batch_size=line.settings.batch_size,
         )
     except BrokerUnavailable as exc:
         log.warning("broker_down_records_kept", line=line.name, error=str(exc))

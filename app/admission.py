@@ -57,8 +57,8 @@ return redis.call('GET', KEYS[1])
 
 @dataclass(frozen=True, kw_only=True)
 class PushResult:
-    """How many of the messages went onto the queue (the first `pushed`), its depth, and
-    the epoch they were pushed in."""
+    """How many of the records went onto the queue (the first `pushed`), its depth in
+    messages, and the epoch they were pushed in."""
 
     pushed: int
     depth: int
@@ -111,20 +111,33 @@ _BODY_TAIL = ', {}, {"callbacks": null, "errbacks": null, "chain": null, "chord"
 _PLACEHOLDER = "\\u0000"
 
 
-def build_message(record_id: str, *, queue: str, origin: str, task: str = TASK_NAME) -> bytes:
-    """The Celery task message for `record_id`, as kombu's Redis transport stores it (task
-    protocol 2, JSON). Built from a template made once per (queue, origin, task)."""
-    quoted = json.dumps(record_id)  # a JSON string, quotes included
-    body = base64.b64encode(f"[[{quoted}]{_BODY_TAIL}".encode()).decode()
-    argsrepr = json.dumps(repr([record_id]))
+def build_message(
+    record_ids: str | Sequence[str], *, queue: str, origin: str, task: str = TASK_NAME
+) -> bytes:
+    """The Celery task message for one record id, or for a batch of them, as kombu's Redis
+    transport stores it (task protocol 2, JSON). The task's argument is the id, or the list
+    of ids; its task id is the (first) record's id. Built from a template made once per
+    (queue, origin, task)."""
+    arg = record_ids if isinstance(record_ids, str) else list(record_ids)
+    first = json.dumps(record_ids if isinstance(record_ids, str) else record_ids[0])
+    body = base64.b64encode(f"[[{json.dumps(arg)}]{_BODY_TAIL}".encode()).decode()
+    argsrepr = json.dumps(repr([arg]))
     text = (
         _template(queue, origin, task)
         .replace(f'"{_PLACEHOLDER}BODY{_PLACEHOLDER}"', f'"{body}"')
-        .replace(f'"{_PLACEHOLDER}ID{_PLACEHOLDER}"', quoted)
+        .replace(f'"{_PLACEHOLDER}ID{_PLACEHOLDER}"', first)
         .replace(f'"{_PLACEHOLDER}ARGSREPR{_PLACEHOLDER}"', argsrepr)
         .replace(f'"{_PLACEHOLDER}TAG{_PLACEHOLDER}"', f'"{uuid.uuid4()}"')
     )
     return text.encode()
+
+
+def batches(record_ids: Sequence[str], size: int) -> list[str | list[str]]:
+    """`record_ids` in order, as message arguments: each id alone when `size` is 1, else
+    lists of up to `size` ids."""
+    if size <= 1:
+        return list(record_ids)
+    return [list(record_ids[i : i + size]) for i in range(0, len(record_ids), size)]
 
 
 class Admission:
@@ -136,20 +149,25 @@ class Admission:
         self._epoch_script = client.register_script(_CURRENT_EPOCH)
         self._origin = f"{os.getpid()}@{socket.gethostname()}"
 
-    def push(self, queue: str, record_ids: Sequence[str], *, max_length: int) -> PushResult:
-        """Push the messages of `record_ids` onto `queue` while it is under `max_length`.
+    def push(
+        self, queue: str, record_ids: Sequence[str], *, max_length: int, batch_size: int = 1
+    ) -> PushResult:
+        """Push the messages of `record_ids` onto `queue` while it holds fewer than
+        `max_length` messages, `batch_size` records to a message. `pushed` counts records.
 
         Raises `BrokerUnavailable` when Redis cannot be reached."""
         if not record_ids:
             return PushResult(pushed=0, depth=self.depth(queue), epoch=self.epoch())
-        messages = [build_message(rid, queue=queue, origin=self._origin) for rid in record_ids]
+        args = batches(record_ids, batch_size)
+        messages = [build_message(arg, queue=queue, origin=self._origin) for arg in args]
         try:
             pushed, depth, epoch = self._script(
                 keys=[queue, EPOCH_KEY], args=[max_length, str(uuid.uuid4()), *messages]
             )
         except redis.RedisError as exc:
             raise BrokerUnavailable(f"push to {queue!r} failed: {exc}") from exc
-        return PushResult(pushed=int(pushed), depth=int(depth), epoch=as_text(epoch))
+        records = sum(1 if isinstance(arg, str) else len(arg) for arg in args[: int(pushed)])
+        return PushResult(pushed=records, depth=int(depth), epoch=as_text(epoch))
 
     def epoch(self) -> str:
         """The current epoch (made now if Redis has none). Raises `BrokerUnavailable`."""

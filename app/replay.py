@@ -174,7 +174,10 @@ def _replay_page(
                 store.mark_done(conn, record_id, now=now, only_from=DEFAULT_STATUSES)
             store.claim_as_enqueued(conn, todo, now=now, fresh_attempts=True, epoch=epoch)
         outcome = rt.admission.push(
-            line.queue, [r.id for r in todo], max_length=line.settings.max_queue_length
+            line.queue,
+            [r.id for r in todo],
+            max_length=line.settings.max_queue_length,
+            batch_size=line.settings.batch_size,
         )
         pushed = [r.id for r in todo[: outcome.pushed]]
         left = [r.id for r in todo[outcome.pushed :]]

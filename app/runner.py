@@ -15,6 +15,7 @@ from app.backoff import decide
 from app.errors import JournalUnavailable
 from app.journal import store
 from app.journal.models import Record, RecordStatus
+from app.lines import Line
 from app.logs import get_logger
 from app.runtime import Runtime
 from app.sinks import deliver_http, write_table_sink
@@ -31,11 +32,12 @@ def _sink_in_claim(rt: Runtime, record: Record) -> bool:
     commit; a handler or an HTTP sink runs after the claim is committed, so an attempt
     that kills its worker is still counted."""
     line = rt.lines.get(record.line)
-    return (
-        line.handler is None
-        and not line.settings.downstream_url
-        and record.attempts <= line.settings.max_attempts
-    )
+    return uses_table_sink(line) and record.attempts <= line.settings.max_attempts
+
+
+def uses_table_sink(line: Line) -> bool:
+    """Whether `line`'s records go to the built-in table sink (no handler, no HTTP sink)."""
+    return line.handler is None and not line.settings.downstream_url
 
 
 def _write_table_sink(conn: Connection, record: Record, now: datetime) -> bool:
@@ -62,6 +64,24 @@ def _deliver(rt: Runtime, record: Record, clock: Callable[[], datetime]) -> bool
         return store.mark_done(conn, record.id, now=clock())
 
 
+# What a claim found: the record (None: nothing to run), whether the table sink finished
+# it within the claim (None: not attempted there), and the sink's error, if any.
+_Claimed = tuple[Record | None, bool | None, Exception | None]
+
+
+def _claim(conn: Connection, rt: Runtime, record_id: str, now: datetime) -> _Claimed:
+    record = store.claim_attempt(conn, record_id, now=now)
+    finished: bool | None = None
+    sink_error: Exception | None = None
+    if record is not None and _sink_in_claim(rt, record):
+        try:
+            with conn.begin_nested():
+                finished = _write_table_sink(conn, record, now)
+        except Exception as exc:  # noqa: BLE001 - e.g. a payload the table refuses
+            sink_error = exc  # the claim still commits: the attempt counts
+    return record, finished, sink_error
+
+
 def run_record(
     rt: Runtime,
     record_id: str,
@@ -74,19 +94,49 @@ def run_record(
 
     Raises `JournalUnavailable` when the journal cannot be read or written; the record is
     then left as it was and the sweeper picks it up again."""
-    finished: bool | None = None  # None: not delivered within the claim
-    sink_error: Exception | None = None
     try:
         with rt.engine.begin() as conn:
-            record = store.claim_attempt(conn, record_id, now=clock())
-            if record is not None and _sink_in_claim(rt, record):
-                try:
-                    with conn.begin_nested():
-                        finished = _write_table_sink(conn, record, clock())
-                except Exception as exc:  # noqa: BLE001 - e.g. a payload the table refuses
-                    sink_error = exc  # the claim still commits: the attempt counts
+            claimed = _claim(conn, rt, record_id, clock())
     except SQLAlchemyError as exc:
         raise JournalUnavailable(f"claim of {record_id} failed") from exc
+    return _after_claim(rt, record_id, claimed, clock=clock, rng=rng)
+
+
+def run_table_sink_batch(
+    rt: Runtime,
+    record_ids: list[str],
+    *,
+    clock: Callable[[], datetime],
+    rng: random.Random,
+) -> list[RecordStatus | None]:
+    """Run one attempt of each of `record_ids`, records of a line with the table sink:
+    one transaction claims, writes and marks done all of them (one commit instead of one
+    per record). A record the sink refuses, or one past its attempts, is then handled as
+    `run_record` would. Raises `JournalUnavailable`; nothing of the batch is then kept.
+
+    Only for the table sink: a handler runs after its claim is committed, and claiming a
+    whole batch first would count an attempt for each record when one of them kills the
+    worker."""
+    try:
+        with rt.engine.begin() as conn:
+            claimed = [_claim(conn, rt, record_id, clock()) for record_id in record_ids]
+    except SQLAlchemyError as exc:
+        raise JournalUnavailable(f"claim of a batch of {len(record_ids)} failed") from exc
+    return [
+        _after_claim(rt, record_id, one, clock=clock, rng=rng)
+        for record_id, one in zip(record_ids, claimed, strict=True)
+    ]
+
+
+def _after_claim(
+    rt: Runtime,
+    record_id: str,
+    claimed: _Claimed,
+    *,
+    clock: Callable[[], datetime],
+    rng: random.Random,
+) -> RecordStatus | None:
+    record, finished, sink_error = claimed
     if record is None:
         log.info("record_skipped", record_id=record_id)
         return None

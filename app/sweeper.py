@@ -77,8 +77,9 @@ def _sweep_line(rt: Runtime, line: Line, *, epoch: str, now: datetime, result: S
     stuck_before = now - timedelta(seconds=settings.stuck_after_seconds)
     budget = settings.sweep_max_per_run
     while budget > 0:
+        # Room is counted in messages; a message holds up to `batch_size` records.
         room = line.settings.max_queue_length - rt.admission.depth(line.queue)
-        limit = min(room, budget, settings.sweep_batch_size)
+        limit = min(room * line.settings.batch_size, budget, settings.sweep_batch_size)
         if limit <= 0:
             return
         with rt.engine.begin() as conn:
@@ -104,7 +105,10 @@ def _push(rt: Runtime, line: Line, claimed: list[Record], *, now: datetime) -> l
     """Push `claimed`; put back what was not pushed. Returns the pushed records."""
     try:
         outcome = rt.admission.push(
-            line.queue, [r.id for r in claimed], max_length=line.settings.max_queue_length
+            line.queue,
+            [r.id for r in claimed],
+            max_length=line.settings.max_queue_length,
+            batch_size=line.settings.batch_size,
         )
     except BrokerUnavailable:
         with rt.engine.begin() as conn:

@@ -1,13 +1,15 @@
-"""The task every line's worker runs: one attempt of one journal record.
+"""The task every line's worker runs: one attempt of a journal record, or of each record
+of a batch.
 
-Its message comes from `app.admission` (or Celery's own publisher); the record id is the
-task id. Retries are owned by the journal, not by countdown messages (DESIGN §6)."""
+Its message comes from `app.admission` (or Celery's own publisher); the (first) record id
+is the task id. Retries are owned by the journal, not by countdown messages (DESIGN §6)."""
 
 from __future__ import annotations
 
 import os
 import random
 import time
+from typing import Any
 
 from celery import Task, shared_task
 from celery.exceptions import Reject
@@ -16,7 +18,7 @@ from app.admission import TASK_NAME
 from app.clock import utcnow
 from app.errors import JournalUnavailable
 from app.logs import get_logger
-from app.runner import run_record
+from app.runner import run_record, run_table_sink_batch, uses_table_sink
 from app.runtime import Runtime
 from workers import (
     heartbeat,  # noqa: F401 - connects the heartbeat to the worker's signals
@@ -42,15 +44,32 @@ def runtime_for(task: Task) -> Runtime:
 
 
 @shared_task(name=TASK_NAME, bind=True, acks_late=True, reject_on_worker_lost=True)  # type: ignore[untyped-decorator]
-def process(self: Task, record_id: str) -> str | None:
-    """Run one attempt of `record_id`; returns the record's new status, or None.
+def process(self: Task, record_ids: str | list[str]) -> str | list[str | None] | None:
+    """Run one attempt of each record of the message: one id, or a batch of them (a line's
+    `batch_size`). Returns each record's new status, or None where there was nothing to run.
 
     With the journal unreachable the message goes back on its queue after a pause, rather
-    than being acked and left to the stuck threshold."""
+    than being acked and left to the stuck threshold; the records of a batch already
+    finished are skipped when it comes back."""
+    ids = [record_ids] if isinstance(record_ids, str) else record_ids
+    if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+        log.error("message_refused", reason="the argument is not a record id or a list of them")
+        return None
+    rt = runtime_for(self)
     try:
-        status = run_record(runtime_for(self), record_id, clock=utcnow, rng=_rng)
+        if len(ids) > 1 and _table_sink_queue(rt, self.request.delivery_info):
+            found = run_table_sink_batch(rt, ids, clock=utcnow, rng=_rng)
+        else:
+            found = [run_record(rt, record_id, clock=utcnow, rng=_rng) for record_id in ids]
     except JournalUnavailable as exc:
-        log.warning("journal_unavailable_requeued", record_id=record_id, error=str(exc))
+        log.warning("journal_unavailable_requeued", record_ids=ids[:10], error=str(exc))
         time.sleep(JOURNAL_RETRY_PAUSE_S)
         raise Reject(str(exc), requeue=True) from exc
-    return status.value if status else None
+    statuses = [status.value if status else None for status in found]
+    return statuses[0] if isinstance(record_ids, str) else statuses
+
+
+def _table_sink_queue(rt: Runtime, delivery_info: dict[str, Any] | None) -> bool:
+    """Whether the message came from the queue of a line with the table sink."""
+    queue = (delivery_info or {}).get("routing_key")
+    return queue in rt.lines.names() and uses_table_sink(rt.lines.get(queue))

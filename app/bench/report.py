@@ -54,6 +54,14 @@ def rows(figures: dict[str, Any]) -> list[tuple[str, str, str, str]]:
                 _ratio(e2e["ours_records_per_s"], e2e["celery_noop_per_s"]),
             )
         )
+        found.append(
+            (
+                f"end to end, {e2e['batch_size']} records to a message (batch_size)",
+                f"{e2e['ours_batched_records_per_s']:,.0f} records/s",
+                f"bare Celery no-op drain: {e2e['celery_noop_per_s']:,.0f} tasks/s",
+                _ratio(e2e["ours_batched_records_per_s"], e2e["celery_noop_per_s"]),
+            )
+        )
     replay = figures.get("replay")
     if replay:
         found.append(

@@ -125,7 +125,6 @@ class BenchStack:
         self.children: list[Child] = []
         self.own_redis: RedisServer | None = None
         self.given_redis = redis_url
-        self.given_database = database_url
         self.redis_url = redis_url or ""
         self.database_url = database_url or f"sqlite:///{workdir / 'journal.db'}"
         self.results: dict[str, Any] = {}
@@ -190,8 +189,9 @@ class BenchStack:
             engine.dispose()
 
     @contextmanager
-    def server(self, name: str, target: str) -> Iterator[tuple[str, Child]]:
-        """`target` (an app factory) under uvicorn, one process, as our intake is served."""
+    def server(self, name: str, target: str, **env: str) -> Iterator[tuple[str, Child]]:
+        """`target` (an app factory) under uvicorn, one process, as our intake is served;
+        `env`: more variables for it."""
         port = free_port()
         argv = [
             sys.executable,
@@ -209,17 +209,17 @@ class BenchStack:
             "warning",
             "--no-access-log",
         ]
-        child = self._start(name, argv)
+        child = self._start(name, argv, **env)
         try:
             wait_until(lambda: listening(port), timeout_s=60, what=f"{name} to listen")
             yield f"http://127.0.0.1:{port}", child
         finally:
             self._stop(child)
 
-    def worker(self, line: str) -> Child:
+    def worker(self, line: str, **env: str) -> Child:
         pool, size = POOL
         argv = [sys.executable, "-m", "app.cli", "worker", line, "--pool", pool]
-        child = self._start(f"worker-{line}", [*argv, "--concurrency", str(size)])
+        child = self._start(f"worker-{line}", [*argv, "--concurrency", str(size)], **env)
         with redis.Redis.from_url(self.redis_url) as client:
             wait_until(
                 lambda: any(client.scan_iter(match=f"pipeline:workers:{line}:*")),

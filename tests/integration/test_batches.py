@@ -1,0 +1,123 @@
+"""A line's `batch_size`: one queue message carries several records; the bound counts
+messages; a real worker runs every record of a message."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+from app.clock import utcnow
+from app.ids import new_id
+from app.journal import store
+from app.journal.models import RecordStatus, Source
+from app.journal.store import NewRecord
+from tests.integration.test_overload import BOUND, POSTS_EACH, PRODUCERS, DepthSampler, flood
+from tests.support.processes import wait_for
+
+
+def journal_enqueued(rt, payloads: list[dict], *, line: str = "order") -> list[str]:
+    """A record of `line` for each payload, journaled as `enqueued` (as the intake leaves
+    them before its push), oldest first."""
+    now = utcnow()
+    ids = [new_id(now) for _ in payloads]
+    with rt.engine.begin() as conn:
+        for rid, payload in zip(ids, payloads, strict=True):
+            store.insert_record(
+                conn,
+                NewRecord(
+                    id=rid,
+                    line=line,
+                    business_no=payload["business_no"],
+                    source=Source.INTAKE,
+                    dedup_key=f"batch:{rid}",
+                    body_sha256="0" * 64,
+                    payload=payload,
+                ),
+                now=now,
+            )
+        store.set_status(
+            conn, ids, RecordStatus.ENQUEUED, only_from=[RecordStatus.RECEIVED], now=now
+        )
+    return ids
+
+
+def message_args(raw: bytes) -> object:
+    args, _kwargs, _embed = json.loads(base64.b64decode(json.loads(raw)["body"]))
+    return args[0]
+
+
+def test_a_push_packs_records_into_messages_and_stops_at_the_bound_in_messages(harness):
+    harness.configure(lines__order__batch_size="8")
+    rt = harness.runtime()
+    ids = journal_enqueued(rt, [{"business_no": f"B-{n}"} for n in range(20)])
+
+    outcome = rt.admission.push("order", ids, max_length=2, batch_size=8)
+
+    assert (outcome.pushed, outcome.depth) == (16, 2)
+    # LPUSH: the oldest message is at the right, where the worker takes from.
+    assert [message_args(m) for m in reversed(rt.redis.lrange("order", 0, -1))] == [
+        ids[:8],
+        ids[8:16],
+    ]
+    harness.start_worker("order", pool="prefork", concurrency=1)
+    final = harness.wait_until_final(set(ids[:16]), timeout_s=60)
+    assert {r.status for r in final.values()} == {RecordStatus.DONE}
+    stored = {row[0] for row in harness.rows("SELECT business_no FROM orders")}
+    assert stored == {f"B-{n}" for n in range(16)}
+    assert {r.status for r in harness.records() if r.id in ids[16:]} == {RecordStatus.ENQUEUED}
+
+
+def test_a_batching_line_under_32_producers_holds_its_bound_and_finishes_everything(harness):
+    harness.configure(
+        lines__order__max_queue_length=str(BOUND // 10),
+        lines__order__batch_size="8",
+    )
+    client = harness.start_intake()
+    rt = harness.runtime()
+    with DepthSampler(rt.redis, "order") as sampler:
+        answers = flood(str(client.base_url), "order")
+    assert {a.status_code for a in answers} == {202}
+    assert sampler.samples
+    assert max(sampler.samples) <= BOUND // 10
+    statuses = [a.json()["status"] for a in answers]
+    assert statuses.count("enqueued") >= BOUND // 10
+    assert set(statuses) == {"enqueued", "deferred"}
+    harness.start_worker("order", pool="prefork", concurrency=2)
+    harness.start_beat()  # the sweeper moves the deferred ones, eight to a message
+    final = harness.wait_until_final({a.json()["id"] for a in answers}, timeout_s=120)
+    assert {r.status for r in final.values()} == {RecordStatus.DONE}
+    assert len(harness.rows("SELECT business_no FROM orders")) == PRODUCERS * POSTS_EACH
+
+
+def test_a_record_the_sink_refuses_fails_alone_and_the_rest_of_its_batch_is_done(harness):
+    """The records of a table-sink batch share one transaction; each one's sink write has
+    its own savepoint, so one that fails rolls back alone and counts its attempt."""
+    rt = harness.runtime()
+    occurred = utcnow().isoformat()
+    payloads = [
+        {"business_no": f"S-{n}", "status": "paid", "occurred_at": occurred} for n in range(6)
+    ]
+    payloads.insert(2, {"business_no": "S-bad"})  # no status: the sink cannot write it
+    # Longer than the status column: PostgreSQL refuses the statement, which aborts the
+    # whole transaction unless the savepoint holds it; SQLite stores it.
+    payloads.insert(5, {"business_no": "S-long", "status": "x" * 100, "occurred_at": occurred})
+    ids = journal_enqueued(rt, payloads, line="status")
+    strict = not harness.env["PIPELINE_DATABASE_URL"].startswith("sqlite")
+    refused = {ids[2], ids[5]} if strict else {ids[2]}
+
+    assert rt.admission.push("status", ids, max_length=10, batch_size=8).pushed == 8
+    harness.start_worker("status", pool="prefork", concurrency=1)
+
+    final = harness.wait_until_final(set(ids) - refused, timeout_s=60)
+    assert {(r.status, r.attempts) for r in final.values()} == {(RecordStatus.DONE, 1)}
+
+    def failed() -> dict:
+        return {r.id: r for r in harness.records() if r.status is RecordStatus.FAILED}
+
+    wait_for(lambda: set(failed()) == refused, timeout_s=30, what="the refused records to fail")
+    assert {r.attempts for r in failed().values()} == {1}
+    assert "KeyError" in (failed()[ids[2]].last_error or "")
+    stored = {row[0] for row in harness.rows("SELECT business_no FROM order_status")}
+    assert stored == {
+        p["business_no"] for p, i in zip(payloads, ids, strict=True) if i not in refused
+    }
