@@ -9,8 +9,22 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, and_, bindparam, delete, func, insert, or_, select, update
+from sqlalchemy import (
+    Connection,
+    String,
+    and_,
+    bindparam,
+    delete,
+    func,
+    insert,
+    or_,
+    select,
+    update,
+)
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.sql.functions import FunctionElement
 
 from app.journal.models import UNFINISHED, Record, RecordStatus, Source, records, replays
 
@@ -19,6 +33,32 @@ DONE_FROM = (*UNFINISHED,)
 # A worker runs records that are on a queue, or may be: a `received` one on its way, a
 # `deferred` one whose older message is still queued. A `failed` one waits for its retry.
 RUNNABLE = (RecordStatus.RECEIVED, RecordStatus.ENQUEUED, RecordStatus.DEFERRED)
+
+
+class _Unindexed(FunctionElement[str]):
+    """A column SQLite must not look up through an index: rendered `+column` there (SQLite
+    documents the unary plus as the way to keep a term from an index), as the column
+    elsewhere. Without statistics SQLite takes `status = ?` through a status index over
+    `id IN (…)` through the primary key, and reads every record of that status for each
+    batch: a replay of 1,000,000 `failed` records spent 75 % of its time there."""
+
+    inherit_cache = True
+    name = "unindexed"
+    type = String()
+
+
+@compiles(_Unindexed)
+def _render_column(element: _Unindexed, compiler: SQLCompiler, **kw: Any) -> str:
+    return compiler.process(element.clauses, **kw)
+
+
+@compiles(_Unindexed, "sqlite")
+def _render_unindexed(element: _Unindexed, compiler: SQLCompiler, **kw: Any) -> str:
+    return "+" + compiler.process(element.clauses, **kw)
+
+
+# The status in the guard of a statement that picks its records by id.
+unindexed_status = _Unindexed(records.c.status)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -179,7 +219,7 @@ def set_status(
         return 0
     result = conn.execute(
         update(records)
-        .where(records.c.id.in_(ids), records.c.status.in_([s.value for s in only_from]))
+        .where(records.c.id.in_(ids), unindexed_status.in_([s.value for s in only_from]))
         .values(status=to.value, updated_at=now)
     )
     return result.rowcount
@@ -285,7 +325,7 @@ def mark_enqueued(
         update(records)
         .where(
             records.c.id.in_(list(record_ids)),
-            records.c.status.in_([s.value for s in only_from]),
+            unindexed_status.in_([s.value for s in only_from]),
         )
         .values(status=RecordStatus.ENQUEUED.value, queue_epoch=epoch, updated_at=now)
     )
@@ -299,7 +339,7 @@ def set_epoch(
     the epoch they were claimed in)."""
     if not record_ids:
         return 0
-    guard = [records.c.id.in_(list(record_ids)), records.c.status == RecordStatus.ENQUEUED.value]
+    guard = [records.c.id.in_(list(record_ids)), unindexed_status == RecordStatus.ENQUEUED.value]
     if not replace:
         guard.append(records.c.queue_epoch.is_(None))
     result = conn.execute(update(records).where(*guard).values(queue_epoch=epoch))
@@ -372,7 +412,7 @@ def claim_as_enqueued(
     for status, ids in by_status.items():
         conn.execute(
             update(records)
-            .where(records.c.id.in_(ids), records.c.status == status.value)
+            .where(records.c.id.in_(ids), unindexed_status == status.value)
             .values(**values)
         )
 
@@ -412,7 +452,7 @@ def put_back(conn: Connection, claimed: Sequence[Record], *, now: datetime) -> N
             update(records)
             .where(
                 records.c.id.in_(ids),
-                records.c.status == RecordStatus.ENQUEUED.value,
+                unindexed_status == RecordStatus.ENQUEUED.value,
                 records.c.queue_epoch.is_(None),
             )
             .values(status=status.value, queue_epoch=epoch, updated_at=now)
@@ -435,7 +475,7 @@ def delete_done_before(conn: Connection, *, before: datetime, limit: int) -> int
     if not ids:
         return 0
     result = conn.execute(
-        delete(records).where(records.c.id.in_(ids), records.c.status == RecordStatus.DONE.value)
+        delete(records).where(records.c.id.in_(ids), unindexed_status == RecordStatus.DONE.value)
     )
     return result.rowcount
 

@@ -9,6 +9,7 @@ import threading
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from sqlalchemy import event
 
 from app.admission import TASK_NAME
 from app.celery_app import create_celery
@@ -16,7 +17,9 @@ from app.clock import utcnow
 from app.errors import UnboundedPublish
 from app.ids import new_id
 from app.journal import store
+from app.journal.engine import make_engine
 from app.journal.models import RecordStatus, Source
+from app.journal.schema import upgrade
 from app.journal.store import NewRecord
 from app.retention import purge
 from app.runner import run_record
@@ -206,3 +209,36 @@ def test_two_sweepers_at_once_push_each_record_once(harness):
     queued = [json.loads(m)["headers"]["id"] for m in rt.redis.lrange("order", 0, -1)]
     assert sorted(queued) == sorted(ids)  # every record once, none twice
     assert {r.status for r in harness.records()} == {RecordStatus.ENQUEUED}
+
+
+@pytest.mark.journal_independent
+def test_statements_that_pick_records_by_id_go_through_the_primary_key_on_sqlite(tmp_path):
+    """Without statistics SQLite would take `status = ?` through a status index rather
+    than `id IN (…)` through the primary key, reading every record of that status once per
+    batch (replay of a large journal slowed down with its size)."""
+    engine = make_engine(f"sqlite:///{tmp_path / 'plans.db'}")
+    upgrade(engine)
+    statements: list[tuple[str, object]] = []
+
+    def capture(_conn, _cursor, statement, parameters, _context, _executemany):
+        if statement.startswith(("UPDATE", "DELETE")):
+            statements.append((statement, parameters))
+
+    event.listen(engine, "before_cursor_execute", capture)
+    now = utcnow()
+    ids = [new_id(now) for _ in range(3)]
+    try:
+        with engine.begin() as conn:
+            store.set_status(
+                conn, ids, RecordStatus.ENQUEUED, only_from=[RecordStatus.FAILED], now=now
+            )
+            store.mark_enqueued(conn, ids, only_from=[RecordStatus.RECEIVED], epoch="e", now=now)
+            store.set_epoch(conn, ids, epoch="e")
+            store.delete_done_before(conn, before=now, limit=10)
+        assert len(statements) >= 3
+        with engine.connect() as conn:
+            for statement, parameters in statements:
+                plan = conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {statement}", parameters).all()
+                assert "sqlite_autoindex_records_1 (id=?)" in str(plan), (statement, plan)
+    finally:
+        engine.dispose()

@@ -23,6 +23,10 @@ from app.settings import Settings, load_settings
 from tests.support.processes import Component, free_port, wait_for
 
 FINAL = {RecordStatus.DONE, RecordStatus.DEAD, RecordStatus.REJECTED}
+# How long teardown lets a component stop on SIGTERM before it kills its process group. A
+# prefork worker takes over 2 s to stop even when idle (each pool process sleeps 1 s on its
+# way out); a test that depends on a graceful stop makes it itself, before teardown.
+TEARDOWN_GRACE_S = 1.0
 
 
 class IntakeServer:
@@ -153,7 +157,7 @@ class Harness:
         for component in reversed(self.components):
             component.ask_to_stop()
         for component in reversed(self.components):
-            component.stop()
+            component.stop(timeout_s=TEARDOWN_GRACE_S)
         for client in self.clients:
             client.close()
         for server in self.intakes:

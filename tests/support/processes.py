@@ -13,6 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+# How long to wait for a process group to go once SIGKILL was sent to it.
+KILLED_EXIT_TIMEOUT_S = 10
 
 
 def free_port() -> int:
@@ -91,7 +93,7 @@ class Component:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(process.pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(timeout=timeout_s)
+            process.wait(timeout=KILLED_EXIT_TIMEOUT_S)
 
 
 def group_alive(pgid: int) -> bool:
