@@ -45,6 +45,12 @@ class Recorder:
             def do_POST(self) -> None:
                 length = int(self.headers.get("content-length", "0"))
                 raw = self.rfile.read(length)
+                if len(raw) < length:
+                    # The client went away mid-body (a worker killed while it posted): a
+                    # real server would not act on half a request, and no one can read
+                    # an answer.
+                    self.close_connection = True
+                    return
                 url = urllib.parse.urlsplit(self.path)
                 received = Received(
                     path=url.path,
