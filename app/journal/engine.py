@@ -7,6 +7,8 @@ from typing import Any
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
 
+from app.journal.sqlite_writers import WriterTurnConnection, begin_in_turn, lock_path_for
+
 # How long a SQLite writer waits for the lock before the journal counts as unavailable.
 SQLITE_BUSY_TIMEOUT_S = 30
 _BUSY_TIMEOUT_PRAGMA = f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_S * 1000}"
@@ -37,15 +39,21 @@ def make_engine(url: str, *, pool_size: int = 5) -> Engine:
 
 
 def _sqlite_engine(url: str) -> Engine:
+    lock_path = lock_path_for(make_url(url).database)
     engine = create_engine(
         url,
-        connect_args={"timeout": SQLITE_BUSY_TIMEOUT_S, "check_same_thread": False},
+        connect_args={
+            "timeout": SQLITE_BUSY_TIMEOUT_S,
+            "check_same_thread": False,
+            "factory": WriterTurnConnection,
+        },
     )
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
         # Let SQLAlchemy's "begin" event issue BEGIN itself (pysqlite's own is deferred).
         dbapi_connection.isolation_level = None
+        dbapi_connection.lock_path = lock_path
         cursor = dbapi_connection.cursor()
         cursor.execute("PRAGMA journal_mode=WAL")
         cursor.execute("PRAGMA synchronous=NORMAL")
@@ -56,6 +64,7 @@ def _sqlite_engine(url: str) -> Engine:
     def _on_begin(connection: Any) -> None:
         # Take the write lock up front: a deferred transaction that reads, then writes,
         # can fail at once with SQLITE_BUSY instead of waiting for the lock.
-        connection.exec_driver_sql("BEGIN IMMEDIATE")
+        # Writers take turns first (app.journal.sqlite_writers says why).
+        begin_in_turn(connection.connection.dbapi_connection, timeout_s=SQLITE_BUSY_TIMEOUT_S)
 
     return engine

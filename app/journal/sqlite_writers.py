@@ -1,0 +1,117 @@
+"""SQLite's writers take turns through a lock file before they ask SQLite for its lock.
+
+SQLite has one write lock. A writer that finds it taken sleeps in SQLite's busy handler,
+by steps that grow to 100 ms, and retries; meanwhile writers that arrive later take the
+lock in its gaps. Under a busy journal (a flooded line's workers writing beside another
+line's) one unlucky writer waited hundreds of milliseconds for a lock held about one at a
+time. Each journal transaction here first takes an exclusive `flock` on a file beside the
+database, polled every millisecond, and holds it until its commit or rollback: SQLite's
+lock is then free whenever a writer asks for it, and a waiter gets its turn within about
+a millisecond of the lock coming free. The file lock only orders the pipeline's own
+writers; anything else opening the journal still meets SQLite's lock and busy timeout."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import sqlite3
+import time
+from typing import Any
+
+# The lock files this process has open. A forked child closes its copies: a child that
+# outlived a parent killed while holding the lock would otherwise keep holding it.
+_open_fds: set[int] = set()
+
+
+def _close_inherited() -> None:
+    for fd in _open_fds:
+        os.close(fd)
+    _open_fds.clear()
+
+
+os.register_at_fork(after_in_child=_close_inherited)
+
+# Between two tries at a lock file held by another writer: a journal transaction holds
+# it for about a millisecond.
+POLL_S = 0.001
+
+
+class WriterTurnConnection(sqlite3.Connection):
+    """A sqlite3 connection whose transactions hold the lock file `lock_path` (set it
+    before the first transaction) from `take_turn()` to commit or rollback."""
+
+    lock_path: str | None = None
+    _lock_fd: int | None = None
+    _lock_pid = 0
+    _holding = False
+
+    def take_turn(self, *, timeout_s: float) -> None:
+        """Wait for the lock file. Raises `sqlite3.OperationalError` ("database is
+        locked", as SQLite's own timeout does) after `timeout_s`."""
+        if self.lock_path is None:
+            return
+        if self._lock_pid != os.getpid():  # a connection made before a fork
+            self._lock_fd, self._holding = None, False
+        if self._holding:
+            return
+        if self._lock_fd is None:
+            self._lock_fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            self._lock_pid = os.getpid()
+            _open_fds.add(self._lock_fd)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise sqlite3.OperationalError("database is locked") from None
+                time.sleep(POLL_S)
+            else:
+                self._holding = True
+                return
+
+    def end_turn(self) -> None:
+        if self._holding and self._lock_fd is not None and self._lock_pid == os.getpid():
+            self._holding = False
+            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+
+    def commit(self) -> None:
+        try:
+            super().commit()
+        finally:
+            self.end_turn()
+
+    def rollback(self) -> None:
+        try:
+            super().rollback()
+        finally:
+            self.end_turn()
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            self.end_turn()
+            if self._lock_fd is not None and self._lock_pid == os.getpid():
+                _open_fds.discard(self._lock_fd)
+                os.close(self._lock_fd)
+            self._lock_fd = None
+
+
+def lock_path_for(database: str | None) -> str | None:
+    """The lock file of a SQLite database file; None for an in-memory database."""
+    if not database or database == ":memory:" or database.startswith("file:"):
+        return None
+    return f"{database}-writers.lock"
+
+
+def begin_in_turn(dbapi_connection: Any, *, timeout_s: float) -> None:
+    """`BEGIN IMMEDIATE`, once this connection's turn has come."""
+    if isinstance(dbapi_connection, WriterTurnConnection):
+        dbapi_connection.take_turn(timeout_s=timeout_s)
+    try:
+        dbapi_connection.execute("BEGIN IMMEDIATE")
+    except BaseException:
+        if isinstance(dbapi_connection, WriterTurnConnection):
+            dbapi_connection.end_turn()
+        raise
