@@ -48,11 +48,19 @@ def accept(rt: Runtime, new: NewRecord, *, clock: Callable[[], datetime]) -> Acc
 
 
 def accept_many(
-    rt: Runtime, news: Sequence[NewRecord], *, clock: Callable[[], datetime]
+    rt: Runtime,
+    news: Sequence[NewRecord],
+    *,
+    clock: Callable[[], datetime],
+    on_admitted: Callable[[list[Acceptance]], None] | None = None,
 ) -> list[Acceptance]:
     """`accept` for several records at once: their journal rows are committed in one
     transaction, then each line's records go onto its queue in one push (in order, while
     room remains), and those pushed are marked `enqueued` in one more transaction.
+
+    `on_admitted` gets the outcomes as soon as they are known, before that last
+    transaction: each record is then committed and on its queue (or its overflow handled),
+    and marking it `enqueued` is bookkeeping that loses nothing when it fails.
 
     Raises `JournalUnavailable` (for all of them) if the rows could not be committed."""
     try:
@@ -84,8 +92,11 @@ def accept_many(
         )
         for i, outcome in zip(indexes, _admit(rt, line, admitted, enqueued, clock), strict=True):
             results[i] = outcome
+    outcomes = [result for result in results if result is not None]
+    if on_admitted is not None:
+        on_admitted(outcomes)
     _mark_enqueued(rt, enqueued, clock)
-    return [result for result in results if result is not None]
+    return outcomes
 
 
 def _admit(

@@ -3,15 +3,16 @@
 Requests hand their record to one thread per process, which takes everything waiting
 (up to `MAX_GROUP`) and accepts it with `accept_many`: one journal transaction, one push
 per line, one more transaction to mark them enqueued. Each request still waits for the
-commit that holds its row before it answers, and a request that arrives while a group is
-being written joins the next group: nothing waits on a timer."""
+commit that holds its row, and for its push, before it answers (not for the marking: a
+record pushed but still `received` loses nothing), and a request that arrives while a
+group is being written joins the next group: nothing waits on a timer."""
 
 from __future__ import annotations
 
 import asyncio
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime
 
 from app.acceptance import Acceptance, accept_many
@@ -26,6 +27,7 @@ MAX_GROUP = 256
 
 Outcome = Acceptance | BaseException
 Reply = Callable[[Outcome], None]
+_Group = list[tuple[NewRecord, Reply]]
 
 
 class GroupAccept:
@@ -63,7 +65,7 @@ class GroupAccept:
         self.submit(new, reply)
         return await future
 
-    def _take_group(self, first: tuple[NewRecord, Reply]) -> list[tuple[NewRecord, Reply]]:
+    def _take_group(self, first: tuple[NewRecord, Reply]) -> _Group:
         group = [first]
         while len(group) < self._max_group:
             try:
@@ -82,17 +84,22 @@ class GroupAccept:
             if item is None:
                 return
             group = self._take_group(item)
+            replied = False
+
+            def answer(outcomes: list[Acceptance], group: _Group = group) -> None:
+                nonlocal replied
+                replied = True
+                _reply_all(group, outcomes)
+
             try:
-                outcomes: list[Outcome] = list(
-                    accept_many(self._rt, [new for new, _ in group], clock=self._clock)
+                # The requests are answered once their records are committed and pushed,
+                # before they are marked enqueued.
+                accept_many(
+                    self._rt, [new for new, _ in group], clock=self._clock, on_admitted=answer
                 )
             except BaseException as exc:  # noqa: BLE001 - every waiting request gets the error
-                outcomes = [exc] * len(group)
-            for (_new, reply), outcome in zip(group, outcomes, strict=True):
-                try:
-                    reply(outcome)
-                except RuntimeError:  # the event loop is gone: the intake is stopping
-                    log.warning("group_accept_reply_lost")
+                if not replied:
+                    _reply_all(group, [exc] * len(group))
 
     def close(self, *, timeout_s: float = 10.0) -> None:
         """Finish the groups already submitted, then stop the thread."""
@@ -102,6 +109,14 @@ class GroupAccept:
         if thread is not None:
             self._queue.put(None)
             thread.join(timeout=timeout_s)
+
+
+def _reply_all(group: _Group, outcomes: Sequence[Outcome]) -> None:
+    for (_new, reply), outcome in zip(group, outcomes, strict=True):
+        try:
+            reply(outcome)
+        except RuntimeError:  # the event loop is gone: the intake is stopping
+            log.warning("group_accept_reply_lost")
 
 
 def _settle(future: asyncio.Future[Acceptance], outcome: Outcome) -> None:

@@ -18,7 +18,7 @@ from app.journal.models import Record, RecordStatus
 from app.lines import Line
 from app.logs import get_logger
 from app.runtime import Runtime
-from app.sinks import deliver_http, write_table_sink
+from app.sinks import deliver_http, write_table_sink, write_table_sink_all
 from app.telemetry import Counter
 from app.webhooks import Event
 
@@ -119,13 +119,69 @@ def run_table_sink_batch(
     worker."""
     try:
         with rt.engine.begin() as conn:
-            claimed = [_claim(conn, rt, record_id, clock()) for record_id in record_ids]
+            claimed = _claim_batch(conn, rt, record_ids, clock())
     except SQLAlchemyError as exc:
         raise JournalUnavailable(f"claim of a batch of {len(record_ids)} failed") from exc
     return [
         _after_claim(rt, record_id, one, clock=clock, rng=rng)
         for record_id, one in zip(record_ids, claimed, strict=True)
     ]
+
+
+def _claim_batch(
+    conn: Connection, rt: Runtime, record_ids: list[str], now: datetime
+) -> list[_Claimed]:
+    """`_claim` of each of `record_ids` (an id met twice is claimed once): one statement
+    claims them all, one marks done and one writes the sink rows of those the sink takes."""
+    by_id = {record.id: record for record in store.claim_attempts(conn, record_ids, now=now)}
+    # In the message's order: of two records with one business number, the later one wins.
+    in_order = [by_id[i] for i in dict.fromkeys(record_ids) if i in by_id]
+    written = _write_table_sink_all(conn, [r for r in in_order if _sink_in_claim(rt, r)], now)
+    claimed: list[_Claimed] = []
+    for record_id in record_ids:
+        record = by_id.pop(record_id, None)
+        finished, sink_error = written.get(record_id, (None, None))
+        claimed.append((record, finished, sink_error) if record else (None, None, None))
+    return claimed
+
+
+def _write_table_sink_all(
+    conn: Connection, batch: list[Record], now: datetime
+) -> dict[str, tuple[bool | None, Exception | None]]:
+    """`_write_table_sink` of each record of `batch`, in a savepoint: all of them at once,
+    else (one the table refuses, say) one at a time, so that one fails alone. Maps each
+    id to (finished, the sink's error)."""
+    if len(batch) > 1 and _all_at_once(conn, batch, now):
+        return {record.id: (True, None) for record in batch}
+    written: dict[str, tuple[bool | None, Exception | None]] = {}
+    for record in batch:
+        try:
+            with conn.begin_nested():
+                written[record.id] = (_write_table_sink(conn, record, now), None)
+        except Exception as exc:  # noqa: BLE001 - e.g. a payload the table refuses
+            written[record.id] = (None, exc)  # the claim still commits: the attempt counts
+    return written
+
+
+def _all_at_once(conn: Connection, batch: list[Record], now: datetime) -> bool:
+    """Mark done and write every record of `batch`, in a savepoint; False, with nothing
+    of it kept, when any of it fails."""
+    try:
+        with conn.begin_nested():
+            _mark_and_write_all(conn, batch, now)
+    except Exception:  # noqa: BLE001 - the caller finds it again, record by record
+        return False
+    return True
+
+
+def _mark_and_write_all(conn: Connection, batch: list[Record], now: datetime) -> None:
+    if store.mark_done_all(conn, [r.id for r in batch], now=now) != len(batch):
+        raise _NotAllMarked
+    write_table_sink_all(conn, batch, now=now)
+
+
+class _NotAllMarked(Exception):
+    """Another run finished a record of the batch meanwhile: go record by record."""
 
 
 def _after_claim(

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import urllib.parse
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -63,6 +64,22 @@ def occurred_at(record: Record) -> datetime:
 
 def write_table_sink(conn: Connection, record: Record, *, now: datetime) -> None:
     """Upsert `record` into its line's table. Never moves an order's status backwards."""
+    table, values = _sink_row(record, now)
+    conn.execute(_upsert(conn, table), values)
+
+
+def write_table_sink_all(conn: Connection, batch: Sequence[Record], *, now: datetime) -> None:
+    """`write_table_sink` of several records of one line, in order, in one executemany."""
+    if not batch:
+        return
+    rows = [_sink_row(record, now) for record in batch]
+    tables = {table.name for table, _values in rows}
+    if len(tables) != 1:
+        raise ValueError(f"a batch for one table holds records for {sorted(tables)}")
+    conn.execute(_upsert(conn, rows[0][0]), [values for _table, values in rows])
+
+
+def _sink_row(record: Record, now: datetime) -> tuple[Table, dict[str, Any]]:
     values: dict[str, Any] = {
         "business_no": record.business_no,
         "record_id": record.id,
@@ -76,7 +93,7 @@ def write_table_sink(conn: Connection, record: Record, *, now: datetime) -> None
         values["payload"] = record.payload
         if table is sink_rows:
             values["line"] = record.line
-    conn.execute(_upsert(conn, table), values)
+    return table, values
 
 
 def deliver_http(client: httpx.Client, url: str, record: Record) -> None:

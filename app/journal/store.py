@@ -245,6 +245,44 @@ def claim_attempt(conn: Connection, record_id: str, *, now: datetime) -> Record 
     return Record.from_row(row) if row else None
 
 
+def claim_attempts(conn: Connection, record_ids: Sequence[str], *, now: datetime) -> list[Record]:
+    """`claim_attempt` of several records in one statement: the records claimed, in no
+    particular order."""
+    if not record_ids:
+        return []
+    rows = conn.execute(
+        update(records)
+        .where(
+            records.c.id.in_(list(record_ids)),
+            unindexed_status.in_([s.value for s in RUNNABLE]),
+        )
+        .values(attempts=records.c.attempts + 1, updated_at=now)
+        .returning(*records.c)
+    )
+    return [Record.from_row(row) for row in rows]
+
+
+def mark_done_all(conn: Connection, record_ids: Sequence[str], *, now: datetime) -> int:
+    """`mark_done` of several records in one statement. Returns how many were marked."""
+    if not record_ids:
+        return 0
+    result = conn.execute(
+        update(records)
+        .where(
+            records.c.id.in_(list(record_ids)),
+            unindexed_status.in_([s.value for s in DONE_FROM]),
+        )
+        .values(
+            status=RecordStatus.DONE.value,
+            finished_at=now,
+            updated_at=now,
+            next_attempt_at=None,
+            last_error=None,
+        )
+    )
+    return result.rowcount
+
+
 _MARK_DONE = (
     update(records)
     .where(

@@ -121,3 +121,30 @@ def test_a_record_the_sink_refuses_fails_alone_and_the_rest_of_its_batch_is_done
     assert stored == {
         p["business_no"] for p, i in zip(payloads, ids, strict=True) if i not in refused
     }
+
+
+def test_a_batch_writes_its_records_in_message_order_and_an_id_met_twice_runs_once(harness):
+    """A whole table-sink batch is claimed, marked done and written by one statement each:
+    of two records for one order, the later one's payload is what the table keeps, and an
+    id that a message carries twice counts one attempt."""
+    rt = harness.runtime()
+    payloads = [{"business_no": f"M-{n}", "amount": n} for n in range(4)]
+    payloads.append({"business_no": "M-1", "amount": 100})  # another version of M-1
+    ids = journal_enqueued(rt, payloads)
+    # ids[4] before ids[1]: the message's order, not the journal's; ids[0] twice.
+    message = [ids[0], ids[4], ids[1], ids[2], ids[0], ids[3]]
+
+    assert rt.admission.push("order", message, max_length=10, batch_size=len(message)).pushed == 6
+    harness.start_worker("order", pool="prefork", concurrency=1)
+
+    final = harness.wait_until_final(set(ids), timeout_s=60)
+    assert {(r.status, r.attempts) for r in final.values()} == {(RecordStatus.DONE, 1)}
+    rows = harness.rows("SELECT business_no, payload FROM orders")
+    # The payload column comes back as text from SQLite, parsed from PostgreSQL.
+    stored = {no: json.loads(p) if isinstance(p, str) else p for no, p in rows}
+    assert {no: payload["amount"] for no, payload in stored.items()} == {
+        "M-0": 0,
+        "M-1": 1,
+        "M-2": 2,
+        "M-3": 3,
+    }

@@ -11,6 +11,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import event
 
+from app.acceptance import Acceptance, accept_many
 from app.admission import TASK_NAME
 from app.celery_app import create_celery
 from app.clock import utcnow
@@ -235,10 +236,35 @@ def test_statements_that_pick_records_by_id_go_through_the_primary_key_on_sqlite
             store.mark_enqueued(conn, ids, only_from=[RecordStatus.RECEIVED], epoch="e", now=now)
             store.set_epoch(conn, ids, epoch="e")
             store.delete_done_before(conn, before=now, limit=10)
-        assert len(statements) >= 3
+            store.claim_attempts(conn, ids, now=now)
+            store.mark_done_all(conn, ids, now=now)
+        assert len(statements) >= 5
         with engine.connect() as conn:
             for statement, parameters in statements:
                 plan = conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {statement}", parameters).all()
                 assert "sqlite_autoindex_records_1 (id=?)" in str(plan), (statement, plan)
     finally:
         engine.dispose()
+
+
+def test_a_group_is_answered_once_committed_and_pushed_then_marked_enqueued(harness):
+    """The intake answers a group as soon as its rows are committed and on the queue;
+    marking them `enqueued` comes after, and a record still `received` then loses
+    nothing (a worker claims it from either status)."""
+    rt = harness.runtime()
+    now = utcnow()
+    news = [new_record("order", f"G-{n}", now=now) for n in range(3)]
+    seen: dict[str, object] = {}
+
+    def answered(outcomes: list[Acceptance]) -> None:
+        seen["outcomes"] = [o.status for o in outcomes]
+        seen["journal"] = {r.id: r.status for r in harness.records()}
+        seen["queued"] = rt.redis.llen("order")
+
+    accept_many(rt, news, clock=utcnow, on_admitted=answered)
+
+    assert seen["outcomes"] == [RecordStatus.ENQUEUED] * 3
+    assert seen["journal"] == {new.id: RecordStatus.RECEIVED for new in news}
+    assert seen["queued"] == 3
+    assert {r.status for r in harness.records()} == {RecordStatus.ENQUEUED}
+    assert run_record(rt, news[0].id, clock=utcnow, rng=random.Random(0)) is RecordStatus.DONE
