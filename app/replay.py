@@ -17,12 +17,12 @@ from sqlalchemy.exc import SQLAlchemyError
 from app.errors import JournalUnavailable
 from app.ids import new_id
 from app.journal import store
-from app.journal.models import UNFINISHED, Record, RecordStatus
-from app.journal.store import RecordFilter
+from app.journal.models import UNFINISHED, RecordStatus
+from app.journal.store import RecordFilter, RecordKey
 from app.lines import Line
 from app.logs import get_logger
 from app.runtime import Runtime
-from app.sinks import newest_statuses, occurred_at, stored_rows
+from app.sinks import newest_statuses, payload_occurred_at, stored_rows
 from app.webhooks import Event
 
 log = get_logger(__name__)
@@ -113,7 +113,7 @@ def replay(
             cursor: str | None = None
             while True:
                 with rt.engine.connect() as conn:
-                    page = store.list_records(conn, part, limit=PAGE_SIZE, after=cursor)
+                    page = store.list_record_keys(conn, part, limit=PAGE_SIZE, after=cursor)
                 if not page:
                     break
                 cursor = page[-1].id
@@ -144,14 +144,14 @@ def replay(
 
 def _replay_page(
     rt: Runtime,
-    page: list[Record],
+    page: list[RecordKey],
     counts: ReplayCounts,
     *,
     dry_run: bool,
     clock: Callable[[], datetime],
 ) -> None:
     counts.matched += len(page)
-    by_line: dict[str, list[Record]] = {}
+    by_line: dict[str, list[RecordKey]] = {}
     for record in page:
         if record.status is RecordStatus.DONE:
             counts.skipped_done += 1
@@ -193,35 +193,38 @@ def _replay_page(
         counts.by_line[line_name] = counts.by_line.get(line_name, 0) + len(pushed) + len(left)
 
 
-def _downstream_has(rt: Runtime, line: Line, batch: list[Record]) -> set[str]:
+def _downstream_has(rt: Runtime, line: Line, batch: list[RecordKey]) -> set[str]:
     """Ids of the records of `batch` whose effect downstream already has."""
     if line.handler is not None:
         return set()  # a custom handler has no way to tell: replay it (it is idempotent)
     if line.settings.downstream_url:
         template = line.settings.check_url
-        return {r.id for r in batch if template and _http_has(rt.http, template, r)}
+        return {r.id for r in batch if template and _http_has(rt.http, template, r.business_no)}
     business_nos = list({r.business_no for r in batch})
     with rt.engine.connect() as conn:
         if line.name == "status":
             newest = newest_statuses(conn, business_nos)
+            known = [r for r in batch if r.business_no in newest]
+            found = store.payloads(conn, [r.id for r in known])
             return {
                 r.id
-                for r in batch
-                if r.business_no in newest and newest[r.business_no] >= occurred_at(r)
+                for r in known
+                if r.id in found and newest[r.business_no] >= payload_occurred_at(found[r.id])
             }
         stored = stored_rows(conn, line.name, business_nos)
-    # Downstream has a record when its row was written by it, or holds the same payload;
-    # a row of another record with other content does not count.
-    return {
-        r.id
-        for r in batch
-        if r.business_no in stored
-        and (stored[r.business_no][0] == r.id or stored[r.business_no][1] == r.payload)
+        # Downstream has a record when its row was written by it, or holds the same
+        # payload; a row of another record with other content does not count. Payloads
+        # are read only for the records that need the comparison.
+        known = [r for r in batch if r.business_no in stored]
+        written_by = {r.id for r in known if stored[r.business_no][0] == r.id}
+        found = store.payloads(conn, [r.id for r in known if r.id not in written_by])
+    return written_by | {
+        r.id for r in known if r.id in found and stored[r.business_no][1] == found[r.id]
     }
 
 
-def _http_has(client: httpx.Client, template: str, record: Record) -> bool:
-    url = template.replace("{business_no}", urllib.parse.quote(record.business_no, safe=""))
+def _http_has(client: httpx.Client, template: str, business_no: str) -> bool:
+    url = template.replace("{business_no}", urllib.parse.quote(business_no, safe=""))
     try:
         return client.get(url).status_code == 200
     except httpx.HTTPError:

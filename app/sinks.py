@@ -58,7 +58,12 @@ def _upsert(conn: Connection, table: Table) -> Any:
 
 def occurred_at(record: Record) -> datetime:
     """A status record's `occurred_at`, in UTC (a time without zone is taken as UTC)."""
-    value = datetime.fromisoformat(str(record.payload["occurred_at"]))
+    return payload_occurred_at(record.payload)
+
+
+def payload_occurred_at(payload: dict[str, Any]) -> datetime:
+    """`occurred_at` of a status record's payload."""
+    value = datetime.fromisoformat(str(payload["occurred_at"]))
     return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 

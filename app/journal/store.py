@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import (
     Connection,
@@ -203,6 +203,38 @@ def list_records(
     if after:
         query = query.where(records.c.id > after)
     return [Record.from_row(row) for row in conn.execute(query)]
+
+
+class RecordKey(NamedTuple):
+    """What replay reads of a record to pick it: no payload, no times."""
+
+    id: str
+    line: str
+    business_no: str
+    status: RecordStatus
+
+
+_STATUSES = {status.value: status for status in RecordStatus}
+
+
+def list_record_keys(
+    conn: Connection, where: RecordFilter, *, limit: int, after: str | None = None
+) -> list[RecordKey]:
+    """`list_records`, reading only each record's `RecordKey`."""
+    columns = (records.c.id, records.c.line, records.c.business_no, records.c.status)
+    query = _filtered(select(*columns).order_by(records.c.id).limit(limit), where)
+    if after:
+        query = query.where(records.c.id > after)
+    rows = conn.execute(query)
+    return [RecordKey(i, line, no, _STATUSES[status]) for i, line, no, status in rows]
+
+
+def payloads(conn: Connection, record_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """`{record_id: payload}` of the records of `record_ids` that exist."""
+    if not record_ids:
+        return {}
+    query = select(records.c.id, records.c.payload).where(records.c.id.in_(list(record_ids)))
+    return {row[0]: row[1] for row in conn.execute(query)}
 
 
 def set_status(
@@ -427,7 +459,7 @@ def claim_due(
 
 def claim_as_enqueued(
     conn: Connection,
-    claimed: Sequence[Record],
+    claimed: Sequence[Record | RecordKey],
     *,
     now: datetime,
     fresh_attempts: bool = False,
