@@ -246,13 +246,24 @@ def set_status(
     now: datetime,
 ) -> int:
     """Move the records that are in one of `only_from` to `to`. Returns how many moved."""
+    return _update_by_id(conn, record_ids, only_from, {"status": to.value, "updated_at": now})
+
+
+def _update_by_id(
+    conn: Connection,
+    record_ids: Iterable[str],
+    only_from: Sequence[RecordStatus],
+    values: dict[str, Any],
+) -> int:
+    """Set `values` on the records of `record_ids` that are in one of `only_from`.
+    Returns how many changed."""
     ids = list(record_ids)
     if not ids:
         return 0
     result = conn.execute(
         update(records)
         .where(records.c.id.in_(ids), unindexed_status.in_([s.value for s in only_from]))
-        .values(status=to.value, updated_at=now)
+        .values(**values)
     )
     return result.rowcount
 
@@ -296,23 +307,17 @@ def claim_attempts(conn: Connection, record_ids: Sequence[str], *, now: datetime
 
 def mark_done_all(conn: Connection, record_ids: Sequence[str], *, now: datetime) -> int:
     """`mark_done` of several records in one statement. Returns how many were marked."""
-    if not record_ids:
-        return 0
-    result = conn.execute(
-        update(records)
-        .where(
-            records.c.id.in_(list(record_ids)),
-            unindexed_status.in_([s.value for s in DONE_FROM]),
-        )
-        .values(
-            status=RecordStatus.DONE.value,
-            finished_at=now,
-            updated_at=now,
-            next_attempt_at=None,
-            last_error=None,
-        )
-    )
-    return result.rowcount
+    return _update_by_id(conn, record_ids, DONE_FROM, _done_values(now))
+
+
+def _done_values(now: datetime) -> dict[str, Any]:
+    return {
+        "status": RecordStatus.DONE.value,
+        "finished_at": now,
+        "updated_at": now,
+        "next_attempt_at": None,
+        "last_error": None,
+    }
 
 
 _MARK_DONE = (
@@ -342,18 +347,7 @@ def mark_done(
     if only_from is DONE_FROM:
         done = conn.execute(_MARK_DONE, {"record_id": record_id, "now": now})
         return done.rowcount == 1
-    result = conn.execute(
-        update(records)
-        .where(records.c.id == record_id, records.c.status.in_([s.value for s in only_from]))
-        .values(
-            status=RecordStatus.DONE.value,
-            finished_at=now,
-            updated_at=now,
-            next_attempt_at=None,
-            last_error=None,
-        )
-    )
-    return result.rowcount == 1
+    return _update_by_id(conn, [record_id], only_from, _done_values(now)) == 1
 
 
 def mark_failed(
@@ -389,17 +383,8 @@ def mark_enqueued(
     now: datetime,
 ) -> int:
     """`… → enqueued` in `epoch`, for the records in one of `only_from`."""
-    if not record_ids:
-        return 0
-    result = conn.execute(
-        update(records)
-        .where(
-            records.c.id.in_(list(record_ids)),
-            unindexed_status.in_([s.value for s in only_from]),
-        )
-        .values(status=RecordStatus.ENQUEUED.value, queue_epoch=epoch, updated_at=now)
-    )
-    return result.rowcount
+    values = {"status": RecordStatus.ENQUEUED.value, "queue_epoch": epoch, "updated_at": now}
+    return _update_by_id(conn, record_ids, only_from, values)
 
 
 def set_epoch(

@@ -3,47 +3,20 @@ messages; a real worker runs every record of a message."""
 
 from __future__ import annotations
 
-import base64
 import json
 
 from app.clock import utcnow
-from app.ids import new_id
-from app.journal import store
-from app.journal.models import RecordStatus, Source
-from app.journal.store import NewRecord
+from app.journal.models import RecordStatus
 from tests.integration.test_overload import BOUND, POSTS_EACH, PRODUCERS, DepthSampler, flood
+from tests.support.journal import journal_records
+from tests.support.messages import message_args
 from tests.support.processes import wait_for
 
 
 def journal_enqueued(rt, payloads: list[dict], *, line: str = "order") -> list[str]:
     """A record of `line` for each payload, journaled as `enqueued` (as the intake leaves
     them before its push), oldest first."""
-    now = utcnow()
-    ids = [new_id(now) for _ in payloads]
-    with rt.engine.begin() as conn:
-        for rid, payload in zip(ids, payloads, strict=True):
-            store.insert_record(
-                conn,
-                NewRecord(
-                    id=rid,
-                    line=line,
-                    business_no=payload["business_no"],
-                    source=Source.INTAKE,
-                    dedup_key=f"batch:{rid}",
-                    body_sha256="0" * 64,
-                    payload=payload,
-                ),
-                now=now,
-            )
-        store.set_status(
-            conn, ids, RecordStatus.ENQUEUED, only_from=[RecordStatus.RECEIVED], now=now
-        )
-    return ids
-
-
-def message_args(raw: bytes) -> object:
-    args, _kwargs, _embed = json.loads(base64.b64decode(json.loads(raw)["body"]))
-    return args[0]
+    return journal_records(rt, payloads, line=line, status=RecordStatus.ENQUEUED)
 
 
 def test_a_push_packs_records_into_messages_and_stops_at_the_bound_in_messages(harness):

@@ -9,38 +9,17 @@ from datetime import timedelta
 from sqlalchemy import insert
 
 from app.clock import utcnow
-from app.ids import new_id
-from app.journal import store
-from app.journal.models import RecordStatus, Source, order_status, orders
-from app.journal.store import NewRecord
+from app.journal.models import RecordStatus, order_status, orders
 from app.replay import ReplayFilter, replay
+from tests.support.journal import journal_records
+from tests.support.messages import message_args
 
 
 def journal_dead(rt, line: str, payloads: list[dict]) -> list[str]:
-    now = utcnow()
-    ids = [new_id(now) for _ in payloads]
-    with rt.engine.begin() as conn:
-        for rid, payload in zip(ids, payloads, strict=True):
-            store.insert_record(
-                conn,
-                NewRecord(
-                    id=rid,
-                    line=line,
-                    business_no=payload["business_no"],
-                    source=Source.INTAKE,
-                    dedup_key=f"replay:{rid}",
-                    body_sha256="0" * 64,
-                    payload=payload,
-                ),
-                now=now,
-            )
-        store.set_status(conn, ids, RecordStatus.DEAD, only_from=[RecordStatus.RECEIVED], now=now)
-    return ids
+    return journal_records(rt, payloads, line=line, status=RecordStatus.DEAD)
 
 
 def queued_ids(rt, queue: str) -> set[str]:
-    from tests.integration.test_batches import message_args  # noqa: PLC0415 - one decoder
-
     return {str(message_args(m)) for m in rt.redis.lrange(queue, 0, -1)}
 
 

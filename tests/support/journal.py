@@ -1,0 +1,38 @@
+"""Records written straight into the journal, for tests that start past the intake."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from app.clock import utcnow
+from app.ids import new_id
+from app.journal import store
+from app.journal.models import RecordStatus, Source
+from app.journal.store import NewRecord
+from app.runtime import Runtime
+
+
+def journal_records(
+    rt: Runtime, payloads: list[dict[str, Any]], *, line: str, status: RecordStatus
+) -> list[str]:
+    """A record of `line` for each payload (its `business_no` taken from it), left in
+    `status`, oldest first. Returns their ids."""
+    now = utcnow()
+    ids = [new_id(now) for _ in payloads]
+    with rt.engine.begin() as conn:
+        for rid, payload in zip(ids, payloads, strict=True):
+            store.insert_record(
+                conn,
+                NewRecord(
+                    id=rid,
+                    line=line,
+                    business_no=payload["business_no"],
+                    source=Source.INTAKE,
+                    dedup_key=f"test:{rid}",
+                    body_sha256="0" * 64,
+                    payload=payload,
+                ),
+                now=now,
+            )
+        store.set_status(conn, ids, status, only_from=[RecordStatus.RECEIVED], now=now)
+    return ids
