@@ -5,9 +5,10 @@ by steps that grow to 100 ms, and retries; meanwhile writers that arrive later t
 lock in its gaps. Under a busy journal (a flooded line's workers writing beside another
 line's) one unlucky writer waited hundreds of milliseconds for a lock held about one at a
 time. Each journal transaction here first takes an exclusive `flock` on a file beside the
-database, polled every millisecond, and holds it until its commit or rollback: SQLite's
-lock is then free whenever a writer asks for it, and a waiter gets its turn within about
-a millisecond of the lock coming free. The file lock only orders the pipeline's own
+database and holds it until its commit or rollback, so SQLite's lock is free whenever a
+writer asks for it. A waiter first takes its place in line (a second lock file), then
+tries the turn every 0.1 ms: a writer that has just ended its turn cannot take the next
+one ahead of the writer already waiting. The lock files only order the pipeline's own
 writers; anything else opening the journal still meets SQLite's lock and busy timeout."""
 
 from __future__ import annotations
@@ -32,8 +33,12 @@ def _close_inherited() -> None:
 os.register_at_fork(after_in_child=_close_inherited)
 
 # Between two tries at a lock file held by another writer: a journal transaction holds
-# it for about a millisecond.
+# the turn for about a millisecond. The writer first in line tries the turn itself more
+# often, so the turn does not sit idle once it is free.
 POLL_S = 0.001
+NEXT_POLL_S = 0.0001
+# The file of the place first in line, beside the lock file.
+_NEXT_SUFFIX = ".next"
 
 
 class WriterTurnConnection(sqlite3.Connection):
@@ -42,6 +47,7 @@ class WriterTurnConnection(sqlite3.Connection):
 
     lock_path: str | None = None
     _lock_fd: int | None = None
+    _next_fd: int | None = None
     _lock_pid = 0
     _holding = False
 
@@ -51,24 +57,22 @@ class WriterTurnConnection(sqlite3.Connection):
         if self.lock_path is None:
             return
         if self._lock_pid != os.getpid():  # a connection made before a fork
-            self._lock_fd, self._holding = None, False
+            self._lock_fd, self._next_fd, self._holding = None, None, False
         if self._holding:
             return
-        if self._lock_fd is None:
-            self._lock_fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        if self._lock_fd is None or self._next_fd is None:
+            self._lock_fd = _open_lock_file(self.lock_path)
+            self._next_fd = _open_lock_file(self.lock_path + _NEXT_SUFFIX)
             self._lock_pid = os.getpid()
-            _open_fds.add(self._lock_fd)
         deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    raise sqlite3.OperationalError("database is locked") from None
-                time.sleep(POLL_S)
-            else:
-                self._holding = True
-                return
+        # First in line, then the turn: a writer that has just ended its turn cannot take
+        # the next one ahead of the writer already waiting for it.
+        _lock_by_polling(self._next_fd, deadline=deadline, every_s=POLL_S)
+        try:
+            _lock_by_polling(self._lock_fd, deadline=deadline, every_s=NEXT_POLL_S)
+        finally:
+            fcntl.flock(self._next_fd, fcntl.LOCK_UN)
+        self._holding = True
 
     def end_turn(self) -> None:
         if self._holding and self._lock_fd is not None and self._lock_pid == os.getpid():
@@ -92,10 +96,32 @@ class WriterTurnConnection(sqlite3.Connection):
             super().close()
         finally:
             self.end_turn()
-            if self._lock_fd is not None and self._lock_pid == os.getpid():
-                _open_fds.discard(self._lock_fd)
-                os.close(self._lock_fd)
-            self._lock_fd = None
+            if self._lock_pid == os.getpid():
+                for fd in (self._lock_fd, self._next_fd):
+                    if fd is not None:
+                        _open_fds.discard(fd)
+                        os.close(fd)
+            self._lock_fd = self._next_fd = None
+
+
+def _open_lock_file(path: str) -> int:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    _open_fds.add(fd)
+    return fd
+
+
+def _lock_by_polling(fd: int, *, deadline: float, every_s: float) -> None:
+    """Take the `flock` of `fd`, trying every `every_s`. Raises `sqlite3.OperationalError`
+    ("database is locked", as SQLite's own timeout does) at `deadline`."""
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise sqlite3.OperationalError("database is locked") from None
+            time.sleep(every_s)
+        else:
+            return
 
 
 def lock_path_for(database: str | None) -> str | None:

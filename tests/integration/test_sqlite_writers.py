@@ -164,3 +164,52 @@ def test_a_forked_child_does_not_keep_the_turn_of_a_parent_killed_holding_it(
             parent.wait(timeout=KILLED_EXIT_TIMEOUT_S)
         if parent.stdout is not None:
             parent.stdout.close()
+
+
+def test_a_writer_that_ends_its_turn_cannot_take_the_next_ahead_of_one_waiting(
+    database: str,
+) -> None:
+    """Without a place in line, a writer that commits and begins again at once took the
+    turn again and again while another polled for it."""
+    lock_path = lock_path_for(database)
+    assert lock_path is not None
+    first = sqlite3.connect(database, factory=WriterTurnConnection, check_same_thread=False)
+    second = sqlite3.connect(database, factory=WriterTurnConnection, check_same_thread=False)
+    order: list[str] = []
+    try:
+        assert isinstance(first, WriterTurnConnection)
+        assert isinstance(second, WriterTurnConnection)
+        first.lock_path = second.lock_path = lock_path
+        first.take_turn(timeout_s=5)
+
+        def wait_then_write() -> None:
+            second.take_turn(timeout_s=10)
+            order.append("second")
+            second.end_turn()
+
+        waiter = threading.Thread(target=wait_then_write)
+        waiter.start()
+        next_in_line = os.open(f"{lock_path}.next", os.O_RDWR | os.O_CREAT)
+        try:
+
+            def in_line() -> bool:
+                try:
+                    fcntl.flock(next_in_line, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    return True
+                fcntl.flock(next_in_line, fcntl.LOCK_UN)
+                return False
+
+            wait_for(in_line, timeout_s=10, what="the second writer to wait in line")
+        finally:
+            os.close(next_in_line)
+        first.end_turn()
+        first.take_turn(timeout_s=10)  # at once: it must wait for the one in line
+        order.append("first")
+        first.end_turn()
+        waiter.join(timeout=10)
+        assert not waiter.is_alive()
+        assert order == ["second", "first"]
+    finally:
+        first.close()
+        second.close()
