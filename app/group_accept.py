@@ -88,8 +88,8 @@ class GroupAccept:
 
             def answer(outcomes: list[Acceptance], group: _Group = group) -> None:
                 nonlocal replied
-                replied = True
                 _reply_all(group, outcomes)
+                replied = True
 
             try:
                 # The requests are answered once their records are committed and pushed,
