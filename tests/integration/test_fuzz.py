@@ -23,7 +23,7 @@ from tests.support.harness import signed_headers
 
 KEY_ID, SECRET = "fuzz-key", "fuzz-secret"
 ADMIN = "fuzz-admin-token"
-EXAMPLES = 60
+EXAMPLES = 40
 OUTCOMES: Counter[int] = Counter()
 
 
