@@ -69,17 +69,50 @@ def _deliver(rt: Runtime, record: Record, clock: Callable[[], datetime]) -> bool
 _Claimed = tuple[Record | None, bool | None, Exception | None]
 
 
-def _claim(conn: Connection, rt: Runtime, record_id: str, now: datetime) -> _Claimed:
+class _SinkRefused(Exception):
+    """The table sink failed within a claim's transaction (a payload the table refuses,
+    say): that transaction is rolled back, and the claim is made again on its own."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def _claim(
+    conn: Connection,
+    rt: Runtime,
+    record_id: str,
+    now: datetime,
+    *,
+    sink: bool = True,
+    line: Line | None = None,
+) -> _Claimed:
+    """Claim an attempt of `record_id` and, for the table sink (unless `sink` is False),
+    write it and mark it done in the same transaction. Raises `_SinkRefused` when the sink
+    fails: there is no savepoint (one per record cost more than the claim), so the caller
+    rolls back and claims again with `sink=False`.
+
+    `line`: the line whose queue the record came from. With the table sink, its claim and
+    its marking done are then one statement."""
+    if sink and line is not None and uses_table_sink(line):
+        done = store.claim_done(
+            conn, record_id, line=line.name, max_attempts=line.settings.max_attempts, now=now
+        )
+        if done is not None:
+            try:
+                write_table_sink(conn, done, now=now)
+            except Exception as exc:
+                raise _SinkRefused(exc) from exc
+            return done, True, None
+        # Not runnable, out of attempts or on another line: the usual claim says which.
     record = store.claim_attempt(conn, record_id, now=now)
     finished: bool | None = None
-    sink_error: Exception | None = None
-    if record is not None and _sink_in_claim(rt, record):
+    if sink and record is not None and _sink_in_claim(rt, record):
         try:
-            with conn.begin_nested():
-                finished = _write_table_sink(conn, record, now)
-        except Exception as exc:  # noqa: BLE001 - e.g. a payload the table refuses
-            sink_error = exc  # the claim still commits: the attempt counts
-    return record, finished, sink_error
+            finished = _write_table_sink(conn, record, now)
+        except Exception as exc:
+            raise _SinkRefused(exc) from exc
+    return record, finished, None
 
 
 def run_record(
@@ -88,15 +121,24 @@ def run_record(
     *,
     clock: Callable[[], datetime],
     rng: random.Random,
+    line: Line | None = None,
 ) -> RecordStatus | None:
     """Run one attempt of `record_id`. Returns its new status, or None when there was
     nothing to run (unknown, already final, or waiting for its retry).
 
+    `line`: the line whose queue the record came from, if known (see `_claim`).
+
     Raises `JournalUnavailable` when the journal cannot be read or written; the record is
     then left as it was and the sweeper picks it up again."""
     try:
-        with rt.engine.begin() as conn:
-            claimed = _claim(conn, rt, record_id, clock())
+        try:
+            with rt.engine.begin() as conn:
+                claimed = _claim(conn, rt, record_id, clock(), line=line)
+        except _SinkRefused as refused:
+            # Nothing of that transaction was kept: claim alone, so the attempt counts.
+            with rt.engine.begin() as conn:
+                record, _, _ = _claim(conn, rt, record_id, clock(), sink=False)
+            claimed = (record, None, refused.error)
     except SQLAlchemyError as exc:
         raise JournalUnavailable(f"claim of {record_id} failed") from exc
     return _after_claim(rt, record_id, claimed, clock=clock, rng=rng)

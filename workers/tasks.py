@@ -17,6 +17,7 @@ from celery.exceptions import Reject
 from app.admission import TASK_NAME
 from app.clock import utcnow
 from app.errors import JournalUnavailable
+from app.lines import Line
 from app.logs import get_logger
 from app.runner import run_record, run_table_sink_batch, uses_table_sink
 from app.runtime import Runtime
@@ -56,11 +57,14 @@ def process(self: Task, record_ids: str | list[str]) -> str | list[str | None] |
         log.error("message_refused", reason="the argument is not a record id or a list of them")
         return None
     rt = runtime_for(self)
+    line = _queue_line(rt, self.request.delivery_info)
     try:
-        if len(ids) > 1 and _table_sink_queue(rt, self.request.delivery_info):
+        if len(ids) > 1 and line is not None and uses_table_sink(line):
             found = run_table_sink_batch(rt, ids, clock=utcnow, rng=_rng)
         else:
-            found = [run_record(rt, record_id, clock=utcnow, rng=_rng) for record_id in ids]
+            found = [
+                run_record(rt, record_id, clock=utcnow, rng=_rng, line=line) for record_id in ids
+            ]
     except JournalUnavailable as exc:
         log.warning("journal_unavailable_requeued", record_ids=ids[:10], error=str(exc))
         time.sleep(JOURNAL_RETRY_PAUSE_S)
@@ -69,7 +73,7 @@ def process(self: Task, record_ids: str | list[str]) -> str | list[str | None] |
     return statuses[0] if isinstance(record_ids, str) else statuses
 
 
-def _table_sink_queue(rt: Runtime, delivery_info: dict[str, Any] | None) -> bool:
-    """Whether the message came from the queue of a line with the table sink."""
+def _queue_line(rt: Runtime, delivery_info: dict[str, Any] | None) -> Line | None:
+    """The line whose queue the message came from; None if that is not a line's queue."""
     queue = (delivery_info or {}).get("routing_key")
-    return queue in rt.lines.names() and uses_table_sink(rt.lines.get(queue))
+    return rt.lines.get(queue) if queue in rt.lines.names() else None

@@ -288,6 +288,37 @@ def claim_attempt(conn: Connection, record_id: str, *, now: datetime) -> Record 
     return Record.from_row(row) if row else None
 
 
+_CLAIM_DONE = (
+    update(records)
+    .where(
+        records.c.id == bindparam("record_id"),
+        records.c.line == bindparam("record_line"),
+        records.c.status.in_([s.value for s in RUNNABLE]),
+        records.c.attempts < bindparam("max_attempts"),
+    )
+    .values(
+        attempts=records.c.attempts + 1,
+        status=RecordStatus.DONE.value,
+        finished_at=bindparam("now"),
+        updated_at=bindparam("now"),
+        next_attempt_at=None,
+        last_error=None,
+    )
+    .returning(*records.c)
+)
+
+
+def claim_done(
+    conn: Connection, record_id: str, *, line: str, max_attempts: int, now: datetime
+) -> Record | None:
+    """`claim_attempt` and `mark_done` in one statement, for a record whose work is done in
+    the same transaction (the table sink): the record, now `done`, if it is a runnable
+    record of `line` with an attempt left; else None, and nothing changed."""
+    params = {"record_id": record_id, "record_line": line, "max_attempts": max_attempts, "now": now}
+    row = conn.execute(_CLAIM_DONE, params).first()
+    return Record.from_row(row) if row else None
+
+
 def claim_attempts(conn: Connection, record_ids: Sequence[str], *, now: datetime) -> list[Record]:
     """`claim_attempt` of several records in one statement: the records claimed, in no
     particular order."""

@@ -238,7 +238,9 @@ def test_statements_that_pick_records_by_id_go_through_the_primary_key_on_sqlite
             store.delete_done_before(conn, before=now, limit=10)
             store.claim_attempts(conn, ids, now=now)
             store.mark_done_all(conn, ids, now=now)
-        assert len(statements) >= 5
+            store.claim_done(conn, ids[0], line="order", max_attempts=8, now=now)
+            store.claim_attempt(conn, ids[0], now=now)
+        assert len(statements) >= 7
         with engine.connect() as conn:
             for statement, parameters in statements:
                 plan = conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {statement}", parameters).all()
