@@ -80,7 +80,9 @@ def accept_many(
             # A rejected request sent again (as Retry-After asked): admit it again.
         admit.setdefault(record.line, []).append(i)
     enqueued: dict[str, list[str]] = {}
-    for line_name, indexes in admit.items():
+    # The line with the fewest records of the group is pushed first: a flood on one line
+    # does not hold back the push of another line's records committed beside it.
+    for line_name, indexes in sorted(admit.items(), key=lambda item: len(item[1])):
         line = rt.lines.get(line_name)
         admitted = [stored[i][0] for i in indexes]
         log.info(
