@@ -57,6 +57,11 @@ def _render_unindexed(element: _Unindexed, compiler: SQLCompiler, **kw: Any) -> 
     return "+" + compiler.process(element.clauses, **kw)
 
 
+@compiles(_Unindexed, "postgresql")
+def _render_unindexed_pg(element: _Unindexed, compiler: SQLCompiler, **kw: Any) -> str:
+    return "(" + compiler.process(element.clauses, **kw) + " || '')"
+
+
 # The status in the guard of a statement that picks its records by id.
 unindexed_status = _Unindexed(records.c.status)
 
