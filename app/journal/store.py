@@ -24,6 +24,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.sql.elements import BindParameter
 from sqlalchemy.sql.functions import FunctionElement
 
 from app.journal.models import UNFINISHED, Record, RecordStatus, Source, records, replays
@@ -293,6 +294,18 @@ def claim_attempt(conn: Connection, record_id: str, *, now: datetime) -> Record 
     return Record.from_row(row) if row else None
 
 
+def _done_values(now: datetime | BindParameter[datetime]) -> dict[str, Any]:
+    """What marking a record done sets; `now` a time, or the `now` parameter of a
+    statement built once."""
+    return {
+        "status": RecordStatus.DONE.value,
+        "finished_at": now,
+        "updated_at": now,
+        "next_attempt_at": None,
+        "last_error": None,
+    }
+
+
 _CLAIM_DONE = (
     update(records)
     .where(
@@ -301,14 +314,7 @@ _CLAIM_DONE = (
         records.c.status.in_([s.value for s in RUNNABLE]),
         records.c.attempts < bindparam("max_attempts"),
     )
-    .values(
-        attempts=records.c.attempts + 1,
-        status=RecordStatus.DONE.value,
-        finished_at=bindparam("now"),
-        updated_at=bindparam("now"),
-        next_attempt_at=None,
-        last_error=None,
-    )
+    .values(attempts=records.c.attempts + 1, **_done_values(bindparam("now")))
     .returning(*records.c)
 )
 
@@ -346,29 +352,13 @@ def mark_done_all(conn: Connection, record_ids: Sequence[str], *, now: datetime)
     return _update_by_id(conn, record_ids, DONE_FROM, _done_values(now))
 
 
-def _done_values(now: datetime) -> dict[str, Any]:
-    return {
-        "status": RecordStatus.DONE.value,
-        "finished_at": now,
-        "updated_at": now,
-        "next_attempt_at": None,
-        "last_error": None,
-    }
-
-
 _MARK_DONE = (
     update(records)
     .where(
         records.c.id == bindparam("record_id"),
         records.c.status.in_([s.value for s in DONE_FROM]),
     )
-    .values(
-        status=RecordStatus.DONE.value,
-        finished_at=bindparam("now"),
-        updated_at=bindparam("now"),
-        next_attempt_at=None,
-        last_error=None,
-    )
+    .values(**_done_values(bindparam("now")))
 )
 
 
