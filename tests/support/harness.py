@@ -23,10 +23,11 @@ from app.settings import Settings, load_settings
 from tests.support.processes import Component, free_port, wait_for
 
 FINAL = {RecordStatus.DONE, RecordStatus.DEAD, RecordStatus.REJECTED}
-# How long teardown lets a component stop on SIGTERM before it kills its process group. A
-# prefork worker takes over 2 s to stop even when idle (each pool process sleeps 1 s on its
-# way out); a test that depends on a graceful stop makes it itself, before teardown.
-TEARDOWN_GRACE_S = 1.0
+# How long teardown lets the components stop on SIGTERM, together, before it kills their
+# process groups. A prefork worker takes over 2 s to stop even when idle (each pool process
+# sleeps 1 s on its way out), so teardown does not wait for it: a test that depends on a
+# graceful stop makes it itself, before teardown.
+TEARDOWN_GRACE_S = 0.25
 
 
 class IntakeServer:
@@ -153,11 +154,13 @@ class Harness:
         return dict(latest)
 
     def close(self) -> None:
-        # All are asked at once, then each is waited for: their shutdowns overlap.
+        # All are asked at once and given one grace period together, then what is left is
+        # killed: their shutdowns overlap, and five components cost one grace, not five.
         for component in reversed(self.components):
             component.ask_to_stop()
+        deadline = time.monotonic() + TEARDOWN_GRACE_S
         for component in reversed(self.components):
-            component.stop(timeout_s=TEARDOWN_GRACE_S)
+            component.stop(timeout_s=max(0.0, deadline - time.monotonic()))
         for client in self.clients:
             client.close()
         for server in self.intakes:
