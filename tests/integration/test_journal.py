@@ -250,6 +250,45 @@ def test_statements_that_pick_records_by_id_go_through_the_primary_key_on_sqlite
         engine.dispose()
 
 
+def test_an_id_picked_update_still_uses_the_primary_key_once_the_journal_has_grown(
+    database_url,
+):
+    """On PostgreSQL a statement psycopg has prepared may get a generic plan, made for the
+    table as it was: a sequential scan while the journal was nearly empty, kept while it
+    grew (the intake's marking took 2-7 ms a group on a fresh journal)."""
+    if not database_url.startswith("postgresql"):
+        pytest.skip(
+            "PostgreSQL only: its plan cache; SQLite's plans are the previous test's subject"
+        )
+    engine = make_engine(database_url)
+    upgrade(engine)
+    now = utcnow()
+    few = [new_record("order", f"O-{n}", now=now) for n in range(16)]
+    ids = [r.id for r in few]
+    try:
+        with engine.connect() as conn:
+            store.insert_records(conn, few, now=now)
+            conn.commit()
+            # Run often enough for psycopg to prepare it and PostgreSQL to weigh a generic plan.
+            for _ in range(15):
+                store.mark_enqueued(
+                    conn, ids, epoch="e", only_from=[RecordStatus.ENQUEUED], now=now
+                )
+                conn.commit()
+            for start in range(0, 20_000, 2_000):
+                more = [new_record("order", f"G-{start + n}", now=now) for n in range(2_000)]
+                store.insert_records(conn, more, now=now)
+            conn.commit()
+            store.mark_enqueued(conn, ids, epoch="e", only_from=[RecordStatus.ENQUEUED], now=now)
+            seq_scans, index_scans = conn.exec_driver_sql(
+                "SELECT seq_scan, idx_scan FROM pg_stat_xact_user_tables WHERE relname = 'records'"
+            ).one()
+            conn.rollback()
+        assert (seq_scans, index_scans > 0) == (0, True)
+    finally:
+        engine.dispose()
+
+
 def test_a_group_is_answered_once_committed_and_pushed_then_marked_enqueued(harness):
     """The intake answers a group as soon as its rows are committed and on the queue;
     marking them `enqueued` comes after, and a record still `received` then loses
