@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DisconnectionError
 
 from app.journal.sqlite_writers import WriterTurnConnection, begin_in_turn, lock_path_for
 
@@ -14,13 +16,20 @@ SQLITE_BUSY_TIMEOUT_S = 30
 _BUSY_TIMEOUT_PRAGMA = f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_S * 1000}"
 # A PostgreSQL that does not answer within this is unavailable: fail fast, answer 503.
 PG_CONNECT_TIMEOUT_S = 5
+# A pooled PostgreSQL connection idle for longer than this is pinged before it is used.
+PING_AFTER_IDLE_S = 1.0
 
 
 def make_engine(url: str, *, pool_size: int = 5) -> Engine:
     """Build the engine for `url`. Touches no database until first used.
 
-    Pooled connections are pinged before use, so one that a proxy dropped while idle
-    is replaced instead of failing the request (DESIGN §1, incident 4)."""
+    A pooled connection idle past `PING_AFTER_IDLE_S` is pinged before use, so one that a
+    proxy dropped while idle is replaced instead of failing the request (DESIGN §1,
+    incident 4). One in steady use is not pinged: its last statement has just worked, and
+    a ping cost every transaction a round trip (a third of the intake's group-commit
+    thread on PostgreSQL, py-spy). If such a connection died anyway (the server
+    restarted), its transaction fails like any journal error (503 at the intake, the
+    message requeued at a worker) and SQLAlchemy replaces the pool's connections."""
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
         return _sqlite_engine(url)
@@ -29,7 +38,6 @@ def make_engine(url: str, *, pool_size: int = 5) -> Engine:
         connect_args["connect_timeout"] = PG_CONNECT_TIMEOUT_S
     engine = create_engine(
         url,
-        pool_pre_ping=True,
         pool_size=pool_size,
         max_overflow=pool_size,
         pool_timeout=10,
@@ -38,7 +46,26 @@ def make_engine(url: str, *, pool_size: int = 5) -> Engine:
     )
     if parsed.get_backend_name() == "postgresql":
         event.listen(engine, "connect", _plan_each_execution)
+    _ping_after_idle(engine)
     return engine
+
+
+def _ping_after_idle(engine: Engine) -> None:
+    @event.listens_for(engine, "checkin")
+    def _idle_from(_dbapi_connection: Any, record: Any) -> None:
+        record.info["idle_since"] = time.monotonic()
+
+    @event.listens_for(engine, "checkout")
+    def _ping_if_idle(dbapi_connection: Any, record: Any, _proxy: Any) -> None:
+        idle_since = record.info.pop("idle_since", None)
+        if idle_since is None or time.monotonic() - idle_since < PING_AFTER_IDLE_S:
+            return  # new, or back in the pool only a moment ago
+        try:
+            engine.dialect.do_ping(dbapi_connection)
+        except engine.dialect.loaded_dbapi.Error as exc:
+            # The pool drops this connection and checks out another (SQLAlchemy's
+            # pessimistic disconnect handling).
+            raise DisconnectionError(str(exc)) from exc
 
 
 def _plan_each_execution(dbapi_connection: Any, _record: Any) -> None:

@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import time
+
+import pytest
+from sqlalchemy import create_engine
+from sqlalchemy.pool import NullPool
+
 from app.embedded_redis import RedisServer
+from app.journal import engine as journal_engine
 from tests.support.processes import free_port
 
 
@@ -60,3 +67,26 @@ def test_unreachable_journal_answers_503_and_enqueues_nothing(harness, tmp_path,
         assert redis.llen("order") == 0
     finally:
         redis.close()
+
+
+def test_a_pooled_journal_connection_dropped_while_idle_is_replaced_before_use(
+    database_url, monkeypatch
+):
+    """A connection idle in the pool past `PING_AFTER_IDLE_S` is pinged before use: one the
+    server (or a proxy) dropped meanwhile is replaced, and the transaction does not fail."""
+    if not database_url.startswith("postgresql"):
+        pytest.skip("PostgreSQL only: a SQLite journal has no connection to drop")
+    monkeypatch.setattr(journal_engine, "PING_AFTER_IDLE_S", 0.2)
+    engine = journal_engine.make_engine(database_url)
+    admin = create_engine(database_url, poolclass=NullPool)
+    try:
+        with engine.connect() as conn:
+            dropped = conn.exec_driver_sql("SELECT pg_backend_pid()").scalar()
+        with admin.connect() as conn:
+            assert conn.exec_driver_sql(f"SELECT pg_terminate_backend({dropped})").scalar()
+        time.sleep(0.5)  # past the idle threshold; the backend is gone
+        with engine.connect() as conn:
+            assert conn.exec_driver_sql("SELECT pg_backend_pid()").scalar() != dropped
+    finally:
+        engine.dispose()
+        admin.dispose()
