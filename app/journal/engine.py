@@ -18,6 +18,8 @@ _BUSY_TIMEOUT_PRAGMA = f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_S * 1000}"
 PG_CONNECT_TIMEOUT_S = 5
 # A pooled PostgreSQL connection idle for longer than this is pinged before it is used.
 PING_AFTER_IDLE_S = 1.0
+# How long a PostgreSQL connection keeps the plans it has cached before they are made anew.
+REPLAN_AFTER_S = 5.0
 
 
 def make_engine(url: str, *, pool_size: int = 5) -> Engine:
@@ -29,12 +31,21 @@ def make_engine(url: str, *, pool_size: int = 5) -> Engine:
     a ping cost every transaction a round trip (a third of the intake's group-commit
     thread on PostgreSQL, py-spy). If such a connection died anyway (the server
     restarted), its transaction fails like any journal error (503 at the intake, the
-    message requeued at a worker) and SQLAlchemy replaces the pool's connections."""
+    message requeued at a worker) and SQLAlchemy replaces the pool's connections.
+
+    On PostgreSQL a connection also drops its cached plans (`DISCARD PLANS`) when it is
+    checked out `REPLAN_AFTER_S` or more after it last did. psycopg prepares a statement
+    a connection runs five times, and PostgreSQL may then keep one generic plan for it,
+    made for the table as it was: made on a journal still nearly empty, that plan is a
+    sequential scan, and it stayed while the table grew (the intake's id-picked UPDATE took
+    2-7 ms a group on a fresh journal, auto_explain showed `Seq Scan on records`). The
+    statements stay prepared; their plans are made again for the table as it is now."""
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
         return _sqlite_engine(url)
     connect_args: dict[str, Any] = {}
-    if parsed.get_backend_name() == "postgresql":
+    postgresql = parsed.get_backend_name() == "postgresql"
+    if postgresql:
         connect_args["connect_timeout"] = PG_CONNECT_TIMEOUT_S
     engine = create_engine(
         url,
@@ -44,40 +55,41 @@ def make_engine(url: str, *, pool_size: int = 5) -> Engine:
         pool_recycle=1800,
         connect_args=connect_args,
     )
-    if parsed.get_backend_name() == "postgresql":
-        event.listen(engine, "connect", _plan_each_execution)
-    _ping_after_idle(engine)
+    _check_on_checkout(engine, replan=postgresql)
     return engine
 
 
-def _ping_after_idle(engine: Engine) -> None:
+def _check_on_checkout(engine: Engine, *, replan: bool) -> None:
     @event.listens_for(engine, "checkin")
     def _idle_from(_dbapi_connection: Any, record: Any) -> None:
         record.info["idle_since"] = time.monotonic()
 
     @event.listens_for(engine, "checkout")
-    def _ping_if_idle(dbapi_connection: Any, record: Any, _proxy: Any) -> None:
+    def _check(dbapi_connection: Any, record: Any, _proxy: Any) -> None:
+        now = time.monotonic()
         idle_since = record.info.pop("idle_since", None)
-        if idle_since is None or time.monotonic() - idle_since < PING_AFTER_IDLE_S:
-            return  # new, or back in the pool only a moment ago
+        planned_since = record.info.setdefault("planned_since", now)
         try:
-            engine.dialect.do_ping(dbapi_connection)
+            if replan and now - planned_since >= REPLAN_AFTER_S:
+                _outside_transaction(dbapi_connection, "DISCARD PLANS")  # a ping as well
+                record.info["planned_since"] = now
+            elif idle_since is not None and now - idle_since >= PING_AFTER_IDLE_S:
+                engine.dialect.do_ping(dbapi_connection)
         except engine.dialect.loaded_dbapi.Error as exc:
             # The pool drops this connection and checks out another (SQLAlchemy's
             # pessimistic disconnect handling).
             raise DisconnectionError(str(exc)) from exc
 
 
-def _plan_each_execution(dbapi_connection: Any, _record: Any) -> None:
-    """psycopg prepares a statement run five times on a connection, and PostgreSQL may
-    then keep one generic plan for it, made for the table as it was. Made on a journal
-    still nearly empty, that plan is a sequential scan, and the connection kept using it
-    while the table grew: the intake's id-picked UPDATE took 2-7 ms a group, scanning
-    every row. Planned for each execution, a statement sees the table as it is now."""
-    cursor = dbapi_connection.cursor()
-    cursor.execute("SET plan_cache_mode = force_custom_plan")
-    cursor.close()
-    dbapi_connection.commit()  # a session setting that a later rollback does not undo
+def _outside_transaction(dbapi_connection: Any, sql: str) -> None:
+    """Run `sql` on a psycopg connection in autocommit, as SQLAlchemy's ping does."""
+    before = dbapi_connection.autocommit
+    dbapi_connection.autocommit = True
+    try:
+        dbapi_connection.execute(sql)
+    finally:
+        if not dbapi_connection.closed:
+            dbapi_connection.autocommit = before
 
 
 def _sqlite_engine(url: str) -> Engine:

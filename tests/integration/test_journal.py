@@ -6,6 +6,7 @@ import dataclasses
 import json
 import random
 import threading
+import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -18,6 +19,7 @@ from app.celery_app import create_celery
 from app.clock import utcnow
 from app.errors import UnboundedPublish
 from app.ids import new_id
+from app.journal import engine as journal_engine
 from app.journal import store
 from app.journal.engine import make_engine
 from app.journal.models import RecordStatus, Source
@@ -251,35 +253,38 @@ def test_statements_that_pick_records_by_id_go_through_the_primary_key_on_sqlite
 
 
 def test_an_id_picked_update_still_uses_the_primary_key_once_the_journal_has_grown(
-    database_url,
+    database_url, monkeypatch
 ):
     """On PostgreSQL a statement psycopg has prepared may get a generic plan, made for the
     table as it was: a sequential scan while the journal was nearly empty, kept while it
-    grew (the intake's marking took 2-7 ms a group on a fresh journal)."""
+    grew (the intake's marking took 2-7 ms a group on a fresh journal). A connection
+    checked out `REPLAN_AFTER_S` after it last did drops its cached plans."""
     if not database_url.startswith("postgresql"):
         pytest.skip(
             "PostgreSQL only: its plan cache; SQLite's plans are the previous test's subject"
         )
-    engine = make_engine(database_url)
+    monkeypatch.setattr(journal_engine, "REPLAN_AFTER_S", 0.5)
+    engine = journal_engine.make_engine(database_url)
     upgrade(engine)
     now = utcnow()
     few = [new_record("order", f"O-{n}", now=now) for n in range(16)]
     ids = [r.id for r in few]
+    enqueued = [RecordStatus.ENQUEUED]
     try:
         with engine.connect() as conn:
             store.insert_records(conn, few, now=now)
             conn.commit()
             # Run often enough for psycopg to prepare it and PostgreSQL to weigh a generic plan.
             for _ in range(15):
-                store.mark_enqueued(
-                    conn, ids, epoch="e", only_from=[RecordStatus.ENQUEUED], now=now
-                )
+                store.mark_enqueued(conn, ids, epoch="e", only_from=enqueued, now=now)
                 conn.commit()
             for start in range(0, 20_000, 2_000):
                 more = [new_record("order", f"G-{start + n}", now=now) for n in range(2_000)]
                 store.insert_records(conn, more, now=now)
             conn.commit()
-            store.mark_enqueued(conn, ids, epoch="e", only_from=[RecordStatus.ENQUEUED], now=now)
+        time.sleep(0.6)
+        with engine.connect() as conn:  # the same pooled connection, its plans dropped
+            store.mark_enqueued(conn, ids, epoch="e", only_from=enqueued, now=now)
             seq_scans, index_scans = conn.exec_driver_sql(
                 "SELECT seq_scan, idx_scan FROM pg_stat_xact_user_tables WHERE relname = 'records'"
             ).one()
