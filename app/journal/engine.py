@@ -82,11 +82,15 @@ def _check_on_checkout(engine: Engine, *, replan: bool) -> None:
 
 
 def _outside_transaction(dbapi_connection: Any, sql: str) -> None:
-    """Run `sql` on a psycopg connection in autocommit, as SQLAlchemy's ping does."""
+    """Run `sql` in autocommit, as SQLAlchemy's ping does on psycopg."""
     before = dbapi_connection.autocommit
     dbapi_connection.autocommit = True
     try:
-        dbapi_connection.execute(sql)
+        cursor = dbapi_connection.cursor()
+        try:
+            cursor.execute(sql)
+        finally:
+            cursor.close()
     finally:
         if not dbapi_connection.closed:
             dbapi_connection.autocommit = before
