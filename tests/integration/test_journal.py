@@ -264,8 +264,7 @@ def test_an_id_picked_update_still_uses_the_primary_key_once_the_journal_has_gro
             "PostgreSQL only: its plan cache; SQLite's plans are the previous test's subject"
         )
     monkeypatch.setattr(journal_engine, "REPLAN_AFTER_S", 0.5)
-    engine = journal_engine.make_engine(database_url)
-    upgrade(engine)
+    engine = make_engine(database_url)  # the fixture's database is migrated already
     now = utcnow()
     few = [new_record("order", f"O-{n}", now=now) for n in range(16)]
     ids = [r.id for r in few]
