@@ -115,7 +115,7 @@ def _admit(
             line.queue,
             [r.id for r in admitted],
             max_length=line.settings.max_queue_length,
-            batch_size=line.settings.batch_size,
+            batch_size=line.batch_size,
         )
     except BrokerUnavailable as exc:
         log.warning("broker_down_records_kept", line=line.name, error=str(exc))

@@ -13,6 +13,10 @@ from app.errors import ConfigError, UnknownLine
 from app.settings import ENV_PREFIX, LineSettings, Settings
 
 Handler = Callable[[Any], None]
+# A table-sink line's records per message unless its `batch_size` is set. Only records
+# pushed together are packed (one group commit, a sweep, a replay page): a lone request's
+# message carries it alone, so packing adds no wait.
+TABLE_SINK_BATCH = 16
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -27,6 +31,21 @@ class Line:
     @property
     def queue(self) -> str:
         return self.name
+
+    @property
+    def table_sink(self) -> bool:
+        """Whether its records go to the built-in table sink (no handler, no HTTP sink)."""
+        return self.handler is None and not self.settings.downstream_url
+
+    @property
+    def batch_size(self) -> int:
+        """Records a queue message may carry: the line's `batch_size`, else
+        `TABLE_SINK_BATCH` on the table sink (a batch is claimed, written and marked done
+        one statement each) and one where a handler or an HTTP sink runs each record in
+        turn, so that a message's run stays within the visibility timeout."""
+        if self.settings.batch_size is not None:
+            return self.settings.batch_size
+        return TABLE_SINK_BATCH if self.table_sink else 1
 
 
 def import_object(path: str) -> Any:

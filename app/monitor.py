@@ -43,14 +43,20 @@ def monitor(rt: Runtime, *, now: datetime) -> list[Event]:
     return raised
 
 
+# Records that wait for a worker now (a `failed` one waits for its retry time first).
+_WAITING = (RecordStatus.RECEIVED, RecordStatus.ENQUEUED, RecordStatus.DEFERRED)
+
+
 def _check_line(rt: Runtime, row: LineStatus) -> list[Event]:
     raised = []
-    waiting = (row.queue_depth or 0) + row.counts.get(RecordStatus.DEFERRED.value, 0)
+    # Counted in the journal: a queue message may carry several records (`batch_size`).
+    waiting = sum(row.counts.get(status.value, 0) for status in _WAITING)
     if waiting and row.live_workers == 0:
         rt.alerts.raise_event(
             Event.NO_CONSUMER,
             line=row.line,
-            message=f"{waiting} records wait on line {row.line!r} and no worker is alive",
+            message=f"{waiting} records wait on line {row.line!r} "
+            f"({row.queue_depth} messages on its queue) and no worker is alive",
             waiting=waiting,
             queue_depth=row.queue_depth,
         )

@@ -177,7 +177,7 @@ def _replay_page(
             line.queue,
             [r.id for r in todo],
             max_length=line.settings.max_queue_length,
-            batch_size=line.settings.batch_size,
+            batch_size=line.batch_size,
         )
         pushed = [r.id for r in todo[: outcome.pushed]]
         left = [r.id for r in todo[outcome.pushed :]]

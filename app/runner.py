@@ -32,12 +32,7 @@ def _sink_in_claim(rt: Runtime, record: Record) -> bool:
     commit; a handler or an HTTP sink runs after the claim is committed, so an attempt
     that kills its worker is still counted."""
     line = rt.lines.get(record.line)
-    return uses_table_sink(line) and record.attempts <= line.settings.max_attempts
-
-
-def uses_table_sink(line: Line) -> bool:
-    """Whether `line`'s records go to the built-in table sink (no handler, no HTTP sink)."""
-    return line.handler is None and not line.settings.downstream_url
+    return line.table_sink and record.attempts <= line.settings.max_attempts
 
 
 def _write_table_sink(conn: Connection, record: Record, now: datetime) -> bool:
@@ -94,7 +89,7 @@ def _claim(
 
     `line`: the line whose queue the record came from. With the table sink, its claim and
     its marking done are then one statement."""
-    if sink and line is not None and uses_table_sink(line):
+    if sink and line is not None and line.table_sink:
         done = store.claim_done(
             conn, record_id, line=line.name, max_attempts=line.settings.max_attempts, now=now
         )

@@ -53,8 +53,8 @@ class LineSettings(BaseModel):
 
     max_queue_length: int = Field(default=10_000, ge=1)
     # Records per queue message, for records pushed together (concurrent requests, a
-    # sweep, a replay page). The bound counts messages.
-    batch_size: int = Field(default=1, ge=1, le=1000)
+    # sweep, a replay page). The bound counts messages. Unset: `Line.batch_size` decides.
+    batch_size: int | None = Field(default=None, ge=1, le=1000)
     overflow: Overflow = Overflow.DEFER
     concurrency: int = Field(default=4, ge=1, le=256)
     max_attempts: int = Field(default=8, ge=1)

@@ -79,7 +79,7 @@ def _sweep_line(rt: Runtime, line: Line, *, epoch: str, now: datetime, result: S
     while budget > 0:
         # Room is counted in messages; a message holds up to `batch_size` records.
         room = line.settings.max_queue_length - rt.admission.depth(line.queue)
-        limit = min(room * line.settings.batch_size, budget, settings.sweep_batch_size)
+        limit = min(room * line.batch_size, budget, settings.sweep_batch_size)
         if limit <= 0:
             return
         with rt.engine.begin() as conn:
@@ -108,7 +108,7 @@ def _push(rt: Runtime, line: Line, claimed: list[Record], *, now: datetime) -> l
             line.queue,
             [r.id for r in claimed],
             max_length=line.settings.max_queue_length,
-            batch_size=line.settings.batch_size,
+            batch_size=line.batch_size,
         )
     except BrokerUnavailable:
         with rt.engine.begin() as conn:

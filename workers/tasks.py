@@ -19,7 +19,7 @@ from app.clock import utcnow
 from app.errors import JournalUnavailable
 from app.lines import Line
 from app.logs import get_logger
-from app.runner import run_record, run_table_sink_batch, uses_table_sink
+from app.runner import run_record, run_table_sink_batch
 from app.runtime import Runtime
 from workers import (
     heartbeat,  # noqa: F401 - connects the heartbeat to the worker's signals
@@ -59,7 +59,7 @@ def process(self: Task, record_ids: str | list[str]) -> str | list[str | None] |
     rt = runtime_for(self)
     line = _queue_line(rt, self.request.delivery_info)
     try:
-        if len(ids) > 1 and line is not None and uses_table_sink(line):
+        if len(ids) > 1 and line is not None and line.table_sink:
             found = run_table_sink_batch(rt, ids, clock=utcnow, rng=_rng)
         else:
             found = [

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import json
 
+from app.acceptance import accept_many
 from app.clock import utcnow
 from app.journal.models import RecordStatus
+from app.lines import TABLE_SINK_BATCH
+from tests.integration.test_journal import new_record
 from tests.integration.test_overload import BOUND, POSTS_EACH, PRODUCERS, DepthSampler, flood
 from tests.support.journal import journal_records
 from tests.support.messages import message_args
@@ -38,6 +41,26 @@ def test_a_push_packs_records_into_messages_and_stops_at_the_bound_in_messages(h
     stored = {row[0] for row in harness.rows("SELECT business_no FROM orders")}
     assert stored == {f"B-{n}" for n in range(16)}
     assert {r.status for r in harness.records() if r.id in ids[16:]} == {RecordStatus.ENQUEUED}
+
+
+def test_by_default_a_group_is_packed_on_a_table_sink_line_and_not_on_an_http_line(harness):
+    harness.configure(lines__refund__downstream_url="http://127.0.0.1:9/in")
+    rt = harness.runtime()
+    now = utcnow()
+    orders = [new_record("order", f"O-{n}", now=now) for n in range(TABLE_SINK_BATCH + 2)]
+    refunds = [new_record("refund", f"R-{n}", now=now) for n in range(3)]
+
+    accept_many(rt, [*orders, *refunds], clock=utcnow)
+
+    order_ids = [new.id for new in orders]
+    assert [message_args(m) for m in reversed(rt.redis.lrange("order", 0, -1))] == [
+        order_ids[:TABLE_SINK_BATCH],
+        order_ids[TABLE_SINK_BATCH:],
+    ]
+    # An HTTP sink runs a message's records one after another: one record to a message.
+    assert [message_args(m) for m in reversed(rt.redis.lrange("refund", 0, -1))] == [
+        new.id for new in refunds
+    ]
 
 
 def test_a_batching_line_under_32_producers_holds_its_bound_and_finishes_everything(harness):

@@ -17,7 +17,7 @@ ROWS = [
     "intake: signed, journaled, bounded",
     "intake beside a bare 202-only endpoint",
     "end to end:",
-    "end to end, 16 records",
+    "end to end, one record",
     "replay:",
     "isolation: order p99",
     "RSS of the intake",

@@ -28,6 +28,7 @@ from app.journal.store import NewRecord
 from app.retention import purge
 from app.runner import run_record
 from app.sweeper import sweep
+from tests.support.messages import queued_ids
 
 
 def new_record(line: str, business_no: str, *, now: datetime) -> NewRecord:
@@ -86,7 +87,8 @@ def test_the_same_dedup_key_is_stored_once(harness):
 
 
 def test_sweeper_pushes_old_received_records_oldest_first_within_the_bound(harness, redis_url):
-    harness.configure(lines__order__max_queue_length="3")
+    # One record to a message: the bound of 3 messages is then 3 records.
+    harness.configure(lines__order__max_queue_length="3", lines__order__batch_size="1")
     rt = harness.runtime()
     old = datetime.now(UTC) - timedelta(minutes=5)
     ids = []
@@ -141,7 +143,7 @@ def test_records_lost_with_redis_memory_are_enqueued_again_and_recovered_is_rais
     rt.redis.flushall()  # the queue, and the epoch, are gone
     result = sweep(rt, now=utcnow())
     assert result.recovered == {"refund": 4}
-    assert rt.redis.llen("refund") == 4
+    assert sorted(queued_ids(rt.redis, "refund")) == sorted(ids)
     stored = {r.id: r for r in harness.records()}
     new_epoch = rt.admission.epoch()
     assert new_epoch != epoch
@@ -210,8 +212,7 @@ def test_two_sweepers_at_once_push_each_record_once(harness):
         thread.start()
     for thread in threads:
         thread.join(timeout=60)
-    queued = [json.loads(m)["headers"]["id"] for m in rt.redis.lrange("order", 0, -1)]
-    assert sorted(queued) == sorted(ids)  # every record once, none twice
+    assert sorted(queued_ids(rt.redis, "order")) == sorted(ids)  # every record once, none twice
     assert {r.status for r in harness.records()} == {RecordStatus.ENQUEUED}
 
 
@@ -305,13 +306,13 @@ def test_a_group_is_answered_once_committed_and_pushed_then_marked_enqueued(harn
     def answered(outcomes: list[Acceptance]) -> None:
         seen["outcomes"] = [o.status for o in outcomes]
         seen["journal"] = {r.id: r.status for r in harness.records()}
-        seen["queued"] = rt.redis.llen("order")
+        seen["queued"] = queued_ids(rt.redis, "order")
 
     accept_many(rt, news, clock=utcnow, on_admitted=answered)
 
     assert seen["outcomes"] == [RecordStatus.ENQUEUED] * 3
     assert seen["journal"] == {new.id: RecordStatus.RECEIVED for new in news}
-    assert seen["queued"] == 3
+    assert seen["queued"] == [new.id for new in news]
     assert {r.status for r in harness.records()} == {RecordStatus.ENQUEUED}
     assert run_record(rt, news[0].id, clock=utcnow, rng=random.Random(0)) is RecordStatus.DONE
 
@@ -340,4 +341,4 @@ def test_a_group_pushes_the_line_with_fewest_records_first(harness):
         watcher.close()
 
     assert pushed == ["order", "refund", "status"]
-    assert [rt.redis.llen(q) for q in ("order", "refund", "status")] == [1, 2, 5]
+    assert [len(queued_ids(rt.redis, q)) for q in ("order", "refund", "status")] == [1, 2, 5]

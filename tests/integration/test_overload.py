@@ -58,7 +58,13 @@ def flood(base_url: str, line: str) -> list[httpx.Response]:
 
 @pytest.mark.parametrize("policy", ["defer", "reject", "caller_runs"])
 def test_bound_holds_under_32_concurrent_producers(harness, policy):
-    harness.configure(lines__order__max_queue_length=str(BOUND), lines__order__overflow=policy)
+    # One record to a message: the bound is then a count of records (test_batches has the
+    # bound with several records to a message).
+    harness.configure(
+        lines__order__max_queue_length=str(BOUND),
+        lines__order__overflow=policy,
+        lines__order__batch_size="1",
+    )
     client = harness.start_intake()
     rt = harness.runtime()
     with DepthSampler(rt.redis, "order") as sampler:

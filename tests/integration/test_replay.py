@@ -12,15 +12,11 @@ from app.clock import utcnow
 from app.journal.models import RecordStatus, order_status, orders
 from app.replay import ReplayFilter, replay
 from tests.support.journal import journal_records
-from tests.support.messages import message_args
+from tests.support.messages import queued_ids
 
 
 def journal_dead(rt, line: str, payloads: list[dict]) -> list[str]:
     return journal_records(rt, payloads, line=line, status=RecordStatus.DEAD)
-
-
-def queued_ids(rt, queue: str) -> set[str]:
-    return {str(message_args(m)) for m in rt.redis.lrange(queue, 0, -1)}
 
 
 def test_replay_skips_order_rows_downstream_has_and_enqueues_the_rest(harness):
@@ -62,7 +58,7 @@ def test_replay_skips_order_rows_downstream_has_and_enqueues_the_rest(harness):
     counts = replay(rt, ReplayFilter(line="order"), dry_run=False, actor="test", clock=utcnow)
 
     assert (counts.matched, counts.skipped_synced, counts.enqueued) == (4, 2, 2)
-    assert queued_ids(rt, "order") == {other, absent}
+    assert set(queued_ids(rt.redis, "order")) == {other, absent}
     statuses = {r.id: r.status for r in harness.records()}
     assert statuses == {
         own: RecordStatus.DONE,
@@ -109,7 +105,7 @@ def test_replay_skips_a_status_no_newer_than_the_stored_one(harness):
     counts = replay(rt, ReplayFilter(line="status"), dry_run=False, actor="test", clock=utcnow)
 
     assert (counts.matched, counts.skipped_synced, counts.enqueued) == (2, 1, 1)
-    assert queued_ids(rt, "status") == {newer}
+    assert queued_ids(rt.redis, "status") == [newer]
     assert {r.id: r.status for r in harness.records()} == {
         older: RecordStatus.DONE,
         newer: RecordStatus.ENQUEUED,

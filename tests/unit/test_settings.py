@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from app.errors import ConfigError
-from app.lines import LineRegistry
+from app.lines import TABLE_SINK_BATCH, LineRegistry
 from app.settings import Overflow, load_settings
 
 
@@ -33,6 +33,22 @@ def test_line_variables_override_one_setting_and_keep_the_rest(monkeypatch):
     assert settings.lines["status"].payload_schema == "app.payloads:StatusPayload"
     assert settings.lines["shipment"].downstream_url == "http://127.0.0.1:9/in"
     assert LineRegistry.from_settings(settings).names() == ["order", "refund", "status", "shipment"]
+
+
+def test_batch_size_defaults_to_a_batch_on_the_table_sink_and_one_elsewhere(monkeypatch):
+    monkeypatch.setenv("PIPELINE_LINES__REFUND__DOWNSTREAM_URL", "http://127.0.0.1:9/in")
+    monkeypatch.setenv("PIPELINE_LINES__STATUS__BATCH_SIZE", "1")
+    monkeypatch.setenv("PIPELINE_LINES__HELD__HANDLER", "tests.support.handlers:slow")
+    monkeypatch.setenv("PIPELINE_LINES__BULK__DOWNSTREAM_URL", "http://127.0.0.1:9/in")
+    monkeypatch.setenv("PIPELINE_LINES__BULK__BATCH_SIZE", "4")
+    lines = LineRegistry.from_settings(load_settings())
+    assert {line.name: line.batch_size for line in lines} == {
+        "order": TABLE_SINK_BATCH,
+        "refund": 1,
+        "status": 1,
+        "held": 1,
+        "bulk": 4,
+    }
 
 
 def test_intake_keys_leave_dev_mode(monkeypatch):
