@@ -203,6 +203,13 @@ def run_wrk(
     """Load `url` with wrk: `concurrency` connections over `WRK_THREADS` threads for
     `duration_s`, sending `count` requests made by `factory` (reused in turn if wrk is
     faster than that)."""
+    prepare_wrk(url, factory, count=count, workdir=workdir)
+    return run_prepared_wrk(url, concurrency=concurrency, duration_s=duration_s, workdir=workdir)
+
+
+def prepare_wrk(url: str, factory: RequestFactory, *, count: int, workdir: Path) -> None:
+    """Write the `count` requests made by `factory` and wrk's script into `workdir`, for
+    `run_prepared_wrk` (making and signing them takes a while: not while loading)."""
     parts = urlsplit(url)
     host = f"{parts.hostname}:{parts.port}"
     workdir.mkdir(parents=True, exist_ok=True)
@@ -215,6 +222,10 @@ def run_wrk(
             lua.write("{" + ",\n".join(share) + "},\n")
         lua.write("}\n")
     (workdir / "script.lua").write_text(_WRK_SCRIPT)
+
+
+def run_prepared_wrk(url: str, *, concurrency: int, duration_s: float, workdir: Path) -> LoadResult:
+    """`run_wrk` with the requests `prepare_wrk` wrote into `workdir`."""
     (workdir / "result.json").unlink(missing_ok=True)
     wrk = wrk_path()
     assert wrk is not None
