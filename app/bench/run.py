@@ -131,9 +131,9 @@ class Bench(BenchStack):
         self.reset()
         self.progress(
             f"end to end: {count} records through intake and an order worker, "
-            + (f"{batch} to a message" if batch else "default settings")
+            + ("default settings" if batch is None else f"{batch} to a message")
         )
-        env = {"PIPELINE_LINES__ORDER__BATCH_SIZE": str(batch)} if batch else {}
+        env = {} if batch is None else {"PIPELINE_LINES__ORDER__BATCH_SIZE": str(batch)}
         worker = self.worker("order", **env)
         tag = uuid.uuid4().hex[:8]
         # Signed before the clock starts: the client's work is not the pipeline's.
@@ -300,8 +300,12 @@ class Bench(BenchStack):
         tag = uuid.uuid4().hex[:8]
 
         def make(n: int) -> Request:
-            body = {"business_no": f"{tag}-{n}", "status": "paid"}
-            return signed_request("status", tag, {**body, "occurred_at": "2026-11-29T10:00:00Z"})
+            body = {
+                "business_no": f"{tag}-{n}",
+                "status": "paid",
+                "occurred_at": "2026-11-29T10:00:00Z",
+            }
+            return signed_request("status", tag, body)
 
         if not self.wrk:
             return functools.partial(run_load, url, make, concurrency=8, duration_s=seconds)
