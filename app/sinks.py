@@ -18,6 +18,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 
 from app.errors import DeliveryFailed
 from app.journal.models import Record, order_status, orders, refunds, sink_rows
+from app.journal.store import among
 
 KEYED_TABLES: dict[str, Table] = {"order": orders, "refund": refunds}
 # A downstream that has not answered within this is a failed attempt, retried later.
@@ -136,7 +137,7 @@ def stored_rows(conn: Connection, line: str, business_nos: list[str]) -> dict[st
     table = KEYED_TABLES.get(line)
     sink = table if table is not None else sink_rows
     query = select(sink.c.business_no, sink.c.record_id, sink.c.payload).where(
-        sink.c.business_no.in_(business_nos)
+        among(conn, sink.c.business_no, business_nos)
     )
     if table is None:
         query = query.where(sink_rows.c.line == line)
@@ -146,6 +147,6 @@ def stored_rows(conn: Connection, line: str, business_nos: list[str]) -> dict[st
 def newest_statuses(conn: Connection, business_nos: list[str]) -> dict[str, datetime]:
     """`{business_no: occurred_at}` of the newest status the table sink holds."""
     query = select(order_status.c.business_no, order_status.c.occurred_at).where(
-        order_status.c.business_no.in_(business_nos)
+        among(conn, order_status.c.business_no, business_nos)
     )
     return {row[0]: row[1] for row in conn.execute(query)}

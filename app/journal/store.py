@@ -10,9 +10,11 @@ from datetime import datetime
 from typing import Any, NamedTuple
 
 from sqlalchemy import (
+    ColumnElement,
     Connection,
     String,
     and_,
+    any_,
     bindparam,
     delete,
     func,
@@ -65,6 +67,18 @@ def _render_unindexed_pg(element: _Unindexed, compiler: SQLCompiler, **kw: Any) 
 
 # The status in the guard of a statement that picks its records by id.
 unindexed_status = _Unindexed(records.c.status)
+
+
+def among(
+    conn: Connection, column: ColumnElement[Any], values: Iterable[Any]
+) -> ColumnElement[bool]:
+    """`column IN values`. On PostgreSQL `column = ANY(array)`: one parameter, so the
+    statement's text is the same for any number of values and is prepared once, where an
+    `IN` list of 1,000 ids cost more to render and parse than to run (a third of a replay)."""
+    if conn.dialect.name == "postgresql":
+        array = bindparam(None, list(values), type_=postgresql.ARRAY(column.type))
+        return column == any_(array)
+    return column.in_(list(values))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -138,7 +152,7 @@ def insert_records(
     existing = (
         {
             row.dedup_key: Record.from_row(row)
-            for row in conn.execute(select(records).where(records.c.dedup_key.in_(known)))
+            for row in conn.execute(select(records).where(among(conn, records.c.dedup_key, known)))
         }
         if known
         else {}
@@ -239,7 +253,7 @@ def payloads(conn: Connection, record_ids: Sequence[str]) -> dict[str, dict[str,
     """`{record_id: payload}` of the records of `record_ids` that exist."""
     if not record_ids:
         return {}
-    query = select(records.c.id, records.c.payload).where(records.c.id.in_(list(record_ids)))
+    query = select(records.c.id, records.c.payload).where(among(conn, records.c.id, record_ids))
     return {row[0]: row[1] for row in conn.execute(query)}
 
 
@@ -268,7 +282,7 @@ def _update_by_id(
         return 0
     result = conn.execute(
         update(records)
-        .where(records.c.id.in_(ids), unindexed_status.in_([s.value for s in only_from]))
+        .where(among(conn, records.c.id, ids), unindexed_status.in_([s.value for s in only_from]))
         .values(**values)
     )
     return result.rowcount
@@ -338,7 +352,7 @@ def claim_attempts(conn: Connection, record_ids: Sequence[str], *, now: datetime
     rows = conn.execute(
         update(records)
         .where(
-            records.c.id.in_(list(record_ids)),
+            among(conn, records.c.id, record_ids),
             unindexed_status.in_([s.value for s in RUNNABLE]),
         )
         .values(attempts=records.c.attempts + 1, updated_at=now)
@@ -420,7 +434,7 @@ def set_epoch(
     the epoch they were claimed in)."""
     if not record_ids:
         return 0
-    guard = [records.c.id.in_(list(record_ids)), unindexed_status == RecordStatus.ENQUEUED.value]
+    guard = [among(conn, records.c.id, record_ids), unindexed_status == RecordStatus.ENQUEUED.value]
     if not replace:
         guard.append(records.c.queue_epoch.is_(None))
     result = conn.execute(update(records).where(*guard).values(queue_epoch=epoch))
@@ -493,7 +507,7 @@ def claim_as_enqueued(
     for status, ids in by_status.items():
         conn.execute(
             update(records)
-            .where(records.c.id.in_(ids), unindexed_status == status.value)
+            .where(among(conn, records.c.id, ids), unindexed_status == status.value)
             .values(**values)
         )
 
@@ -532,7 +546,7 @@ def put_back(conn: Connection, claimed: Sequence[Record], *, now: datetime) -> N
         conn.execute(
             update(records)
             .where(
-                records.c.id.in_(ids),
+                among(conn, records.c.id, ids),
                 unindexed_status == RecordStatus.ENQUEUED.value,
                 records.c.queue_epoch.is_(None),
             )
@@ -556,7 +570,9 @@ def delete_done_before(conn: Connection, *, before: datetime, limit: int) -> int
     if not ids:
         return 0
     result = conn.execute(
-        delete(records).where(records.c.id.in_(ids), unindexed_status == RecordStatus.DONE.value)
+        delete(records).where(
+            among(conn, records.c.id, ids), unindexed_status == RecordStatus.DONE.value
+        )
     )
     return result.rowcount
 

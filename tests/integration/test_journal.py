@@ -342,3 +342,31 @@ def test_a_group_pushes_the_line_with_fewest_records_first(harness):
 
     assert pushed == ["order", "refund", "status"]
     assert [len(queued_ids(rt.redis, q)) for q in ("order", "refund", "status")] == [1, 2, 5]
+
+
+def test_statements_given_many_ids_change_exactly_those_records(harness):
+    """`store.among` (an `= ANY(array)` on PostgreSQL, an `IN` list elsewhere) picks the
+    records named, however many, and no other."""
+    rt = harness.runtime()
+    now = utcnow()
+    news = [new_record("order", f"M-{n}", now=now) for n in range(2_500)]
+    with rt.engine.begin() as conn:
+        store.insert_records(conn, news, now=now)
+    ids = [r.id for r in news]
+    picked = ids[::2]
+    with rt.engine.begin() as conn:
+        assert (
+            store.set_status(
+                conn, [], RecordStatus.DEAD, only_from=[RecordStatus.RECEIVED], now=now
+            )
+            == 0
+        )
+        moved = store.set_status(
+            conn, picked, RecordStatus.DEAD, only_from=[RecordStatus.RECEIVED], now=now
+        )
+        assert moved == len(picked)
+        assert set(store.payloads(conn, ids[:3])) == set(ids[:3])
+        assert store.payloads(conn, ["no-such-id", "'; DROP TABLE records; --"]) == {}
+    statuses = {r.id: r.status for r in harness.records()}
+    assert {i for i, s in statuses.items() if s is RecordStatus.DEAD} == set(picked)
+    assert {i for i, s in statuses.items() if s is RecordStatus.RECEIVED} == set(ids[1::2])
