@@ -9,6 +9,7 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DisconnectionError
 
+from app.journal.sqlite_checkpoints import AUTOCHECKPOINT_OFF, Checkpointer
 from app.journal.sqlite_writers import WriterTurnConnection, begin_in_turn, lock_path_for
 
 # How long a SQLite writer waits for the lock before the journal counts as unavailable.
@@ -97,7 +98,10 @@ def _outside_transaction(dbapi_connection: Any, sql: str) -> None:
 
 
 def _sqlite_engine(url: str) -> Engine:
-    lock_path = lock_path_for(make_url(url).database)
+    database = make_url(url).database
+    lock_path = lock_path_for(database)
+    # A file's WAL is checkpointed by a thread, not inside commits (see sqlite_checkpoints).
+    checkpointer = Checkpointer(database) if lock_path and database else None
     engine = create_engine(
         url,
         connect_args={
@@ -116,6 +120,9 @@ def _sqlite_engine(url: str) -> Engine:
         cursor.execute("PRAGMA journal_mode=WAL")
         cursor.execute("PRAGMA synchronous=NORMAL")
         cursor.execute(_BUSY_TIMEOUT_PRAGMA)
+        if checkpointer is not None:
+            cursor.execute(AUTOCHECKPOINT_OFF)
+            checkpointer.start()
         cursor.close()
 
     @event.listens_for(engine, "begin")
@@ -125,4 +132,6 @@ def _sqlite_engine(url: str) -> Engine:
         # Writers take turns first (app.journal.sqlite_writers says why).
         begin_in_turn(connection.connection.dbapi_connection, timeout_s=SQLITE_BUSY_TIMEOUT_S)
 
+    if checkpointer is not None:
+        event.listen(engine, "engine_disposed", lambda _engine: checkpointer.stop())
     return engine

@@ -1,0 +1,84 @@
+"""SQLite's WAL is copied back into the database by a thread of each process, not by the
+commit that happens to fill it.
+
+By default SQLite checkpoints a WAL of 1,000 pages or more inside the commit that crossed
+that size: that commit copies the pages and syncs the database file before it returns,
+and its writer keeps the writers' turn (`app.journal.sqlite_writers`) all that time, so
+every writer of every line waits behind it. Our connections turn that off
+(`PRAGMA wal_autocheckpoint=0`), and a daemon thread per engine and process runs a
+passive checkpoint every `CHECKPOINT_EVERY_S` on a connection of its own, outside any turn: a
+passive checkpoint never waits for a reader or a writer, and the WAL is reused from its
+start once a checkpoint has copied all of it. Isolation scenario of `pipeline bench` on
+SQLite, order p99 alone / with the status line flooded, alternating runs: 6.6-7.7 /
+12.1-12.4 ms with checkpoints in commits, 3.8-4.1 / 10.4-10.7 ms with them here."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+import urllib.parse
+
+from app.logs import get_logger
+
+log = get_logger(__name__)
+
+# Between two passive checkpoints of a process. A checkpoint with nothing to copy costs
+# a few microseconds; at the intake's fastest, about 2 MB of WAL is written in this time.
+CHECKPOINT_EVERY_S = 0.5
+# Off in our connections: the thread checkpoints instead.
+AUTOCHECKPOINT_OFF = "PRAGMA wal_autocheckpoint=0"
+
+
+class Checkpointer:
+    """The thread that checkpoints one database file for one engine: started by the
+    engine's first connection in each process (a forked child starts its own), stopped
+    when the engine is disposed or the file is gone."""
+
+    def __init__(self, database: str) -> None:
+        self._database = database
+        self._lock = threading.Lock()
+        self._pid = 0
+        self._stop = threading.Event()
+
+    def start(self) -> None:
+        with self._lock:
+            if self._pid == os.getpid():
+                return
+            self._pid = os.getpid()
+            self._stop = threading.Event()
+            threading.Thread(
+                target=self._run, args=(self._stop,), name="sqlite-checkpoint", daemon=True
+            ).start()
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stop.set()
+            self._pid = 0
+
+    def _run(self, stop: threading.Event) -> None:
+        conn: sqlite3.Connection | None = None
+        failing = False
+        try:
+            while not stop.wait(CHECKPOINT_EVERY_S):
+                if not os.path.exists(self._database):
+                    return  # removed: nothing left to checkpoint
+                try:
+                    if conn is None:
+                        # `mode=rw`: never creates the file.
+                        uri = f"file:{urllib.parse.quote(self._database)}?mode=rw"
+                        conn = sqlite3.connect(uri, uri=True, timeout=0, check_same_thread=False)
+                    conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+                    failing = False
+                except sqlite3.Error as exc:
+                    if not failing:  # once per spell of failures, not twice a second
+                        log.warning(
+                            "sqlite_checkpoint_failed", database=self._database, error=str(exc)
+                        )
+                    failing = True
+                    if conn is not None:
+                        conn.close()
+                        conn = None
+        finally:
+            if conn is not None:
+                conn.close()
