@@ -26,6 +26,8 @@ log = get_logger(__name__)
 # Between two passive checkpoints of a process. A checkpoint with nothing to copy costs
 # a few microseconds; at the intake's fastest, about 2 MB of WAL is written in this time.
 CHECKPOINT_EVERY_S = 0.5
+# How long disposing of an engine waits for its thread (a checkpoint under way) to end.
+STOP_TIMEOUT_S = 10.0
 # Off in our connections: the thread checkpoints instead.
 AUTOCHECKPOINT_OFF = "PRAGMA wal_autocheckpoint=0"
 
@@ -40,6 +42,7 @@ class Checkpointer:
         self._lock = threading.Lock()
         self._pid = 0
         self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
 
     def start(self) -> None:
         with self._lock:
@@ -47,14 +50,21 @@ class Checkpointer:
                 return
             self._pid = os.getpid()
             self._stop = threading.Event()
-            threading.Thread(
+            self._thread = threading.Thread(
                 target=self._run, args=(self._stop,), name="sqlite-checkpoint", daemon=True
-            ).start()
+            )
+            self._thread.start()
 
     def stop(self) -> None:
+        """Stop the thread and wait for it to close its connection: the engine's last
+        connection to close then checkpoints the WAL into the file, as SQLite's last
+        connection does."""
         with self._lock:
             self._stop.set()
             self._pid = 0
+            thread, self._thread = self._thread, None
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=STOP_TIMEOUT_S)
 
     def _run(self, stop: threading.Event) -> None:
         conn: sqlite3.Connection | None = None
