@@ -59,13 +59,13 @@ def test_the_checkpoint_thread_ends_when_its_database_file_is_removed(tmp_path: 
     database = tmp_path / "gone.db"
     before = set(_checkpoint_threads())
     engine = make_engine(f"sqlite:///{database}")
-    with engine.begin() as conn:
-        conn.execute(text("CREATE TABLE rows (body TEXT NOT NULL)"))
-    ours = set(_checkpoint_threads()) - before
-    assert len(ours) == 1
-    for suffix in ("", "-wal", "-shm"):
-        Path(f"{database}{suffix}").unlink(missing_ok=True)
     try:
+        with engine.begin() as conn:
+            conn.execute(text("CREATE TABLE rows (body TEXT NOT NULL)"))
+        ours = set(_checkpoint_threads()) - before
+        assert len(ours) == 1
+        for suffix in ("", "-wal", "-shm"):
+            Path(f"{database}{suffix}").unlink(missing_ok=True)
         wait_for(
             lambda: not any(t.is_alive() for t in ours),
             timeout_s=5,
