@@ -11,6 +11,7 @@
     ├── RequestTimeout         the body did not arrive in time
     ├── HeadersTooLarge        the request's headers are over the limit
     ├── Overloaded             the intake has too many requests in flight
+    ├── RateLimited            a line's requests are over its intake rate
     ├── BadSignature           the request is not authenticated
     ├── NonceReused            a known nonce came back with a different body
     ├── AdminRequired          an admin endpoint was called without a token
@@ -98,6 +99,16 @@ class Overloaded(PipelineError):
     """Too many requests are in flight; try again shortly."""
 
     code = "overloaded"
+
+
+class RateLimited(PipelineError):
+    """This line's requests are over its intake rate; nothing was accepted, try again."""
+
+    code = "rate_limited"
+
+    def __init__(self, message: str | None = None, *, retry_after_s: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class BadSignature(PipelineError):

@@ -56,6 +56,9 @@ class LineSettings(BaseModel):
     # sweep, a replay page). The bound counts messages. Unset: `Line.batch_size` decides.
     batch_size: int | None = Field(default=None, ge=1, le=1000)
     overflow: Overflow = Overflow.DEFER
+    # Requests per second each intake process admits for the line; over it, a request
+    # waits its turn (app.intake.pacing). Unset: no limit but the intake's own.
+    intake_rate: float | None = Field(default=None, gt=0, le=1_000_000)
     concurrency: int = Field(default=4, ge=1, le=256)
     max_attempts: int = Field(default=8, ge=1)
     backoff_initial_s: float = Field(default=2.0, gt=0)

@@ -57,6 +57,7 @@ class Outcome(StrEnum):
     UNAUTHORIZED = "unauthorized"  # 401
     CONFLICT = "conflict"  # 409: a nonce reused with another body
     UNAVAILABLE = "unavailable"  # 503
+    RATE_LIMITED = "rate_limited"  # 429 before the journal: over the line's intake rate
 
 
 def encode(counter: Counter, labels: dict[str, str]) -> str:

@@ -22,6 +22,7 @@ STATUS_BY_ERROR: dict[type[errors.PipelineError], int] = {
     errors.RequestTimeout: 408,
     errors.HeadersTooLarge: 431,
     errors.Overloaded: 503,
+    errors.RateLimited: 429,
     errors.BadSignature: 401,
     errors.AdminRequired: 401,
     errors.AdminForbidden: 403,
@@ -48,6 +49,7 @@ OUTCOME_BY_STATUS = {
     422: Outcome.INVALID,
     401: Outcome.UNAUTHORIZED,
     409: Outcome.CONFLICT,
+    429: Outcome.RATE_LIMITED,
     503: Outcome.UNAVAILABLE,
 }
 # The endpoint whose answers are counted by outcome.
@@ -88,10 +90,11 @@ async def _pipeline_error(request: Request, exc: Exception) -> JSONResponse:
         # The details (hosts, SQL) are for our log, not for the caller.
         log.error("request_failed", code=exc.code, error=exc.message)
         message = (type(exc).__doc__ or "unavailable").strip()
-    headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, errors.AdminRequired) else None
     response = error_response(status, exc.code, message)
-    if headers:
-        response.headers.update(headers)
+    if isinstance(exc, errors.AdminRequired):
+        response.headers["WWW-Authenticate"] = "Bearer"
+    elif isinstance(exc, errors.RateLimited):
+        response.headers["Retry-After"] = str(exc.retry_after_s)
     return response
 
 

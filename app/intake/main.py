@@ -13,6 +13,7 @@ from app.clock import utcnow
 from app.group_accept import GroupAccept
 from app.intake import errors, routes
 from app.intake.limits import RequestLimits
+from app.intake.pacing import pacers_for
 from app.lines import LineRegistry
 from app.runtime import Runtime
 from app.settings import Settings
@@ -40,6 +41,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.state.runtime = rt
     app.state.group_accept = group
     app.state.caller_run_limiters = {}
+    app.state.pacers = pacers_for(rt.lines, in_flight_limit=settings.intake_max_concurrent_requests)
     errors.install(app)
     app.add_middleware(
         RequestLimits,

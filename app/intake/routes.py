@@ -30,6 +30,7 @@ from app.errors import (
 from app.group_accept import GroupAccept
 from app.ids import new_id
 from app.intake.body import body_digest, parse_payload, read_body
+from app.intake.pacing import Pacer
 from app.intake.signing import Caller, verify
 from app.journal import store
 from app.journal.models import RecordStatus, Source
@@ -104,7 +105,7 @@ COMMON = (400, 408, 422, 431, 503)
 ADMIN = (*COMMON, 401, 403)
 RECORD_ANSWER = {
     200: {"description": "a known nonce: the original record; or done under caller_runs"},
-    **errors_doc(*COMMON, 401, 404, 409, 413, 429),
+    **errors_doc(*COMMON, 401, 404, 409, 413, 429),  # 429: a full queue, or the line's rate
 }
 
 
@@ -326,6 +327,9 @@ async def post_record(line: str, request: Request, rt: RuntimeDep) -> JSONRespon
     caller = _caller(request, rt, body)
     spec = rt.lines.get(line)
     payload = parse_payload(body, spec.schema)
+    pacer: Pacer | None = request.app.state.pacers.get(spec.name)
+    if pacer is not None:
+        await pacer.admit()  # over the line's intake rate: wait, or 429 (RateLimited)
     now = utcnow()
     new = NewRecord(
         id=new_id(now),

@@ -7,29 +7,14 @@ import json
 
 import httpx
 import redis
-from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.harness import signed_headers
+from tests.support.metrics import metric, samples
 from tests.support.processes import free_port, wait_for
 
 KEY_ID, SECRET = "shop-1", "shop-secret"
 FLOWER_USER, FLOWER_PASSWORD = "ops", "flower-pw-1"
 LINES = ("order", "refund", "status")
-
-
-def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """Every sample of a Prometheus text, parsed by prometheus-client's own parser."""
-    found = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            found[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
-    return found
-
-
-def metric(found, name: str, **labels: str) -> float:
-    key = (name, tuple(sorted(labels.items())))
-    assert key in found, f"{name}{labels} missing from /metrics"
-    return found[key]
 
 
 def post(client: httpx.Client, line: str, body: dict[str, object]) -> httpx.Response:

@@ -14,6 +14,8 @@ from app.ids import new_id
 from app.journal import store
 from app.journal.models import Source
 from app.journal.store import NewRecord, RecordFilter
+from tests.support.metrics import metric, samples
+from tests.support.processes import wait_for
 
 PRODUCERS = 32
 POSTS_EACH = 8
@@ -164,3 +166,55 @@ def test_a_flooded_status_line_does_not_starve_the_order_line(harness):
         f"\nisolation: 50 order records took {alone_s:.2f} s alone and {flooded_s:.2f} s "
         f"with {backlog} status messages still queued"
     )
+
+
+def test_a_line_over_its_intake_rate_waits_its_turn_or_gets_429_and_other_lines_do_not(
+    harness,
+):
+    # One status request a second, each waiting at most a second: of a burst of 12, two or
+    # three go through and the rest are refused at once, journaling nothing.
+    harness.configure(lines__status__intake_rate="1")
+    client = harness.start_intake()
+    answered: list[tuple[float, httpx.Response]] = []
+    lock = threading.Lock()
+
+    def post(line: str, n: int) -> None:
+        body = {"business_no": f"{line}-{n}"}
+        if line == "status":
+            body |= {"status": "paid", "occurred_at": "2026-11-29T10:00:00Z"}
+        with httpx.Client(base_url=str(client.base_url), timeout=30) as own:
+            answer = own.post(f"/v1/{line}", json=body)
+        with lock:
+            answered.append((time.monotonic(), answer))
+
+    flood_threads = [threading.Thread(target=post, args=("status", n)) for n in range(12)]
+    for thread in flood_threads:
+        thread.start()
+    wait_for(lambda: len(answered) > 0, timeout_s=30, what="a first status answer")
+    post("order", 0)  # while status requests still wait their turn
+    for thread in flood_threads:
+        thread.join(timeout=30)
+    assert len(answered) == 13
+
+    (order_at, order), *rest = [(t, a) for t, a in answered if a.url.path == "/v1/order"]
+    assert not rest
+    assert order.status_code == 202, order.text
+    status = [(t, a) for t, a in answered if a.url.path == "/v1/status"]
+    admitted = [(t, a) for t, a in status if a.status_code == 202]
+    refused = [a for _, a in status if a.status_code != 202]
+    assert 2 <= len(admitted) <= 4, [a.status_code for _, a in status]
+    assert refused, "nothing was over the rate"
+    for answer in refused:
+        assert answer.status_code == 429, answer.text
+        assert answer.json()["error"]["code"] == "rate_limited"
+        assert int(answer.headers["retry-after"]) >= 1
+    # The order line is not paced: its request was answered while a status one still waited.
+    assert any(at > order_at for at, _ in admitted)
+
+    journaled = {r.id: r.line for r in harness.records()}
+    assert sorted(journaled.values()) == ["order"] + ["status"] * len(admitted)
+    assert {a.json()["id"] for _, a in admitted} | {order.json()["id"]} == set(journaled)
+    found = samples(client.get("/metrics").text)
+    intake = "pipeline_intake_requests_total"
+    assert metric(found, intake, line="status", outcome="rate_limited") == len(refused)
+    assert metric(found, intake, line="status", outcome="accepted") == len(admitted)

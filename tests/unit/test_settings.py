@@ -74,6 +74,8 @@ def test_a_toml_file_named_by_pipeline_config_is_read(monkeypatch, tmp_path):
         ("PIPELINE_LINES__ORDER__OVERFLOW", "drop"),
         ("PIPELINE_LINES__ORDER__MAX_QUEUE_LENGTH", "0"),
         ("PIPELINE_LINES__STATUS__CONCURRENCY", "-1"),
+        ("PIPELINE_LINES__STATUS__INTAKE_RATE", "0"),
+        ("PIPELINE_LINES__STATUS__INTAKE_RATE", "fast"),
         ("PIPELINE_LINES__REFUND__DOWNSTREAM_URL", "ftp://example"),
         ("PIPELINE_INTAKE_KEYS", "[1, 2"),
         ("PIPELINE_SWEEP_INTERVAL_SECONDS", "0"),

@@ -1,0 +1,82 @@
+"""A line's intake rate: the pacer's turns, on a clock the test moves, and its bounds."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from app.errors import RateLimited
+from app.intake.pacing import Pacer, pacers_for
+from app.lines import LineRegistry
+from app.settings import load_settings
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_turns_are_one_interval_apart_and_a_quiet_spell_resets_them():
+    clock = Clock()
+    pacer = Pacer(10, clock=clock)
+    assert [round(pacer.reserve(), 3) for _ in range(4)] == [0.0, 0.1, 0.2, 0.3]
+    clock.now += 0.25  # the fourth turn is now 0.05 s away; the fifth is next after it
+    assert round(pacer.reserve(), 3) == 0.15
+    clock.now += 10
+    assert pacer.reserve() == 0.0
+
+
+def test_a_burst_goes_at_once_then_the_rate_holds():
+    clock = Clock()
+    pacer = Pacer(10, burst=3, clock=clock)
+    assert [round(pacer.reserve(), 3) for _ in range(5)] == [0.0, 0.0, 0.0, 0.1, 0.2]
+
+
+def test_a_turn_further_than_the_longest_wait_is_refused_and_not_taken():
+    clock = Clock()
+    pacer = Pacer(10, max_wait_s=0.25, clock=clock)
+    assert [round(pacer.reserve(), 3) for _ in range(3)] == [0.0, 0.1, 0.2]
+    for _ in range(3):  # refusals take no turn: the next one is still 0.3 s away
+        with pytest.raises(RateLimited) as refused:
+            pacer.reserve()
+        assert refused.value.retry_after_s == 1
+        assert refused.value.code == "rate_limited"
+    clock.now += 0.1
+    assert round(pacer.reserve(), 3) == 0.2
+
+
+def test_no_more_than_max_waiting_wait_at_once():
+    async def scenario() -> list[str]:
+        pacer = Pacer(20, max_waiting=2)  # turns 50 ms apart, on the real clock
+
+        async def one() -> str:
+            try:
+                await pacer.admit()
+            except RateLimited:
+                return "refused"
+            return "admitted"
+
+        tasks = [asyncio.ensure_future(one()) for _ in range(5)]
+        return list(await asyncio.wait_for(asyncio.gather(*tasks), timeout=10))
+
+    # The first goes at once, two wait their turns, the other two find the room full.
+    assert sorted(asyncio.run(scenario())) == ["admitted"] * 3 + ["refused"] * 2
+
+
+def test_only_lines_with_an_intake_rate_are_paced(monkeypatch):
+    monkeypatch.setenv("PIPELINE_LINES__STATUS__INTAKE_RATE", "250")
+    pacers = pacers_for(LineRegistry.from_settings(load_settings()), in_flight_limit=256)
+    assert list(pacers) == ["status"]
+    status = pacers["status"]
+    assert (status.interval, status.max_waiting) == (1 / 250, 64)
+    assert status.tolerance == pytest.approx(24 / 250)  # a burst of 25: 0.1 s worth
+
+
+def test_a_pacer_refuses_settings_that_would_never_admit():
+    for kwargs in ({"rate": 0}, {"rate": 1, "burst": 0}, {"rate": 1, "max_waiting": 0}):
+        with pytest.raises(ValueError, match="rate above 0"):
+            Pacer(**kwargs)
