@@ -52,6 +52,9 @@ WRK_REQUESTS_PER_S = 4_000
 # The end-to-end scenario runs again with the order line carrying one record to a queue
 # message (its `batch_size`), beside the default (`TABLE_SINK_BATCH` on the table sink).
 E2E_SINGLE = 1
+# Isolation runs a second flood with the status line's `intake_rate` at this share of the
+# status records/s the first flood got journaled.
+PACED_SHARE = 0.5
 
 
 class Bench(BenchStack):
@@ -263,34 +266,58 @@ class Bench(BenchStack):
                 )
 
     def isolation(self) -> None:
+        """Order latencies alone, while the status line is flooded, and while it is flooded
+        with its `intake_rate` at `PACED_SHARE` of what the unpaced flood got in."""
         seconds = self.sizes.isolation_s
         self.reset()
         order = self.worker("order")
         status = self.worker("status")
         with self.server("intake-isolation", "app.intake.asgi:app_from_env") as (url, _child):
             self._order_latencies(url, 1, tag="warmup")  # connections, caches: not measured
-            flood_status = self._status_flood(url, seconds + 1)
             self.progress(f"isolation: order line alone, {seconds:.0f} s")
             alone = self._order_latencies(url, seconds, tag="alone")
             self.progress(
                 f"isolation: order line while the status line is flooded, {seconds:.0f} s"
             )
-            flood = threading.Thread(target=flood_status, daemon=True)
-            flood.start()
-            time.sleep(1)
-            flooded = self._order_latencies(url, seconds, tag="flooded")
-            flood.join(timeout=seconds + 60)
-            status_waiting = self.journal_count(line="status") - self.journal_count(
-                line="status", status=RecordStatus.DONE
+            flooded, flood_posted = self._flooded(url, seconds, tag="flooded")
+        rate = max(1, round(flood_posted / (seconds + 1) * PACED_SHARE))
+        paced_intake = self.server(
+            "intake-isolation-paced",
+            "app.intake.asgi:app_from_env",
+            PIPELINE_LINES__STATUS__INTAKE_RATE=str(rate),
+        )
+        with paced_intake as (url, _child):
+            self._order_latencies(url, 1, tag="warmup-paced")
+            self.progress(
+                f"isolation: order line while the status line is flooded, its intake rate "
+                f"{rate}/s, {seconds:.0f} s"
             )
+            paced, paced_posted = self._flooded(url, seconds, tag="paced")
+        status_waiting = self.journal_count(line="status") - self.journal_count(
+            line="status", status=RecordStatus.DONE
+        )
         self._stop(order)
         self._stop(status)
         self.results["isolation"] = {
             "alone": alone,
             "flooded": flooded,
-            "status_records_posted": self.journal_count(line="status"),
+            "status_records_posted": flood_posted,
+            "paced": paced,
+            "paced_intake_rate": rate,
+            "paced_status_records_posted": paced_posted,
             "status_records_unfinished": status_waiting,
         }
+
+    def _flooded(self, url: str, seconds: float, *, tag: str) -> tuple[dict[str, float], int]:
+        """Order latencies while a status flood runs on `url`, and how many status records
+        the flood got journaled."""
+        before = self.journal_count(line="status")
+        flood = threading.Thread(target=self._status_flood(url, seconds + 1), daemon=True)
+        flood.start()
+        time.sleep(1)
+        latencies = self._order_latencies(url, seconds, tag=tag)
+        flood.join(timeout=seconds + 60)
+        return latencies, self.journal_count(line="status") - before
 
     def _status_flood(self, url: str, seconds: float) -> Callable[[], object]:
         """A flood of status records on `url` for `seconds`, from 8 connections, ready to

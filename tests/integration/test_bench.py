@@ -20,6 +20,7 @@ ROWS = [
     "end to end, one record",
     "replay:",
     "isolation: order p99",
+    "isolation, the status line's INTAKE_RATE",
     "RSS of the intake",
     "RSS of the worker",
 ]
@@ -59,5 +60,7 @@ def test_quick_bench_completes_and_prints_every_row(harness, tmp_path):
     assert figures["replay"]["enqueued"] == figures["replay"]["rows"] == 20_000
     assert figures["isolation"]["alone"]["records"] > 0
     assert figures["isolation"]["flooded"]["records"] > 0
+    assert figures["isolation"]["paced"]["records"] > 0
+    assert figures["isolation"]["paced_intake_rate"] >= 1
     assert figures["machine"]["database"].startswith("postgresql")
     print("\n" + table)
