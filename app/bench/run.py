@@ -54,7 +54,7 @@ WRK_REQUESTS_PER_S = 4_000
 E2E_SINGLE = 1
 # Isolation runs a second flood with the status line's `intake_rate` at this share of the
 # status records/s the first flood got journaled.
-PACED_SHARE = 0.5
+PACED_SHARE = 0.25
 
 
 class Bench(BenchStack):

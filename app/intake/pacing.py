@@ -23,6 +23,9 @@ from app.lines import LineRegistry
 MAX_WAIT_S = 1.0
 # Requests a line may send at once after a quiet spell: this many seconds' worth.
 BURST_S = 0.1
+# Waits end on multiples of this, so that the requests whose turns fall within one tick go
+# on together and share a group commit, a queue message and a worker's claim.
+TICK_S = 0.05
 # A line's waiting requests take at most this share of the intake's in-flight limit, so
 # that a flood on one paced line cannot fill it and have the other lines answered 503.
 WAITING_SHARE = 0.25
@@ -39,6 +42,7 @@ class Pacer:
         burst: int = 1,
         max_wait_s: float = MAX_WAIT_S,
         max_waiting: int = 64,
+        tick_s: float = TICK_S,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if rate <= 0 or burst < 1 or max_waiting < 1:
@@ -47,6 +51,7 @@ class Pacer:
         self.tolerance = (burst - 1) * self.interval
         self.max_wait_s = max_wait_s
         self.max_waiting = max_waiting
+        self.tick_s = tick_s
         self.clock = clock
         self.due = 0.0  # when the next turn is due (the algorithm's theoretical arrival time)
         self.waiting = 0
@@ -60,7 +65,11 @@ class Pacer:
         if wait > 0 and (wait > self.max_wait_s or self.waiting >= self.max_waiting):
             raise RateLimited(retry_after_s=max(1, math.ceil(wait)))
         self.due = due + self.interval
-        return wait
+        if wait <= 0 or self.tick_s <= 0:
+            return wait
+        # The end of the tick the turn falls in (a turn on a tick's end, give or take the
+        # float's error, goes on that tick).
+        return math.ceil((now + wait) / self.tick_s - 1e-9) * self.tick_s - now
 
     async def admit(self) -> None:
         """Wait for this request's turn; `RateLimited` as `reserve` says."""

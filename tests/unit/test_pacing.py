@@ -22,7 +22,7 @@ class Clock:
 
 def test_turns_are_one_interval_apart_and_a_quiet_spell_resets_them():
     clock = Clock()
-    pacer = Pacer(10, clock=clock)
+    pacer = Pacer(10, tick_s=0, clock=clock)
     assert [round(pacer.reserve(), 3) for _ in range(4)] == [0.0, 0.1, 0.2, 0.3]
     clock.now += 0.25  # the fourth turn is now 0.05 s away; the fifth is next after it
     assert round(pacer.reserve(), 3) == 0.15
@@ -32,13 +32,13 @@ def test_turns_are_one_interval_apart_and_a_quiet_spell_resets_them():
 
 def test_a_burst_goes_at_once_then_the_rate_holds():
     clock = Clock()
-    pacer = Pacer(10, burst=3, clock=clock)
+    pacer = Pacer(10, burst=3, tick_s=0, clock=clock)
     assert [round(pacer.reserve(), 3) for _ in range(5)] == [0.0, 0.0, 0.0, 0.1, 0.2]
 
 
 def test_a_turn_further_than_the_longest_wait_is_refused_and_not_taken():
     clock = Clock()
-    pacer = Pacer(10, max_wait_s=0.25, clock=clock)
+    pacer = Pacer(10, max_wait_s=0.25, tick_s=0, clock=clock)
     assert [round(pacer.reserve(), 3) for _ in range(3)] == [0.0, 0.1, 0.2]
     for _ in range(3):  # refusals take no turn: the next one is still 0.3 s away
         with pytest.raises(RateLimited) as refused:
@@ -47,6 +47,16 @@ def test_a_turn_further_than_the_longest_wait_is_refused_and_not_taken():
         assert refused.value.code == "rate_limited"
     clock.now += 0.1
     assert round(pacer.reserve(), 3) == 0.2
+
+
+def test_waits_end_on_a_tick_so_turns_within_one_tick_go_together():
+    clock = Clock()
+    clock.now = 100.01
+    pacer = Pacer(100, tick_s=0.05, clock=clock)  # turns 10 ms apart
+    waits = [pacer.reserve() for _ in range(7)]
+    assert waits[0] == 0.0  # the first turn is now: no wait, no tick
+    # Turns at 100.02, .03, .04 and .05 go at 100.05; those at .06 and .07 at 100.10.
+    assert [round(clock.now + w, 3) for w in waits[1:]] == [100.05] * 4 + [100.1] * 2
 
 
 def test_no_more_than_max_waiting_wait_at_once():
