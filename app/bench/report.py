@@ -18,6 +18,10 @@ def _load(figures: dict[str, Any]) -> str:
     )
 
 
+def _latencies(figures: dict[str, Any]) -> str:
+    return f"p99 {figures['p99_ms']:.1f} ms · p50 {figures['p50_ms']:.1f} ms"
+
+
 def _ratio(ours: float, reference: float) -> str:
     return f"{ours / reference:.2f}x" if reference else "-"
 
@@ -80,8 +84,8 @@ def rows(figures: dict[str, Any]) -> list[tuple[str, str, str, str]]:
             (
                 "isolation: order p99 intake → done, status flooded "
                 f"({isolation['status_records_posted']:,} posted)",
-                f"p99 {flooded['p99_ms']:.1f} ms · p50 {flooded['p50_ms']:.1f} ms",
-                f"alone: p99 {alone['p99_ms']:.1f} ms · p50 {alone['p50_ms']:.1f} ms",
+                _latencies(flooded),
+                "alone: " + _latencies(alone),
                 _ratio(flooded["p99_ms"], alone["p99_ms"]),
             )
         )
@@ -90,8 +94,8 @@ def rows(figures: dict[str, Any]) -> list[tuple[str, str, str, str]]:
             (
                 "isolation, the status line's INTAKE_RATE at "
                 f"{isolation['paced_intake_rate']:,}/s ({posted:,} posted)",
-                f"p99 {paced['p99_ms']:.1f} ms · p50 {paced['p50_ms']:.1f} ms",
-                f"alone: p99 {alone['p99_ms']:.1f} ms · p50 {alone['p50_ms']:.1f} ms",
+                _latencies(paced),
+                "alone: " + _latencies(alone),
                 _ratio(paced["p99_ms"], alone["p99_ms"]),
             )
         )
