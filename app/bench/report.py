@@ -79,7 +79,16 @@ def rows(figures: dict[str, Any]) -> list[tuple[str, str, str, str]]:
         )
     isolation = figures.get("isolation")
     if isolation:
-        alone, flooded = isolation["alone"], isolation["flooded"]
+        alone, flooded, busy = isolation["alone"], isolation["flooded"], isolation["busy"]
+        found.append(
+            (
+                f"isolation's floor: order p99 beside {isolation['busy_loops']} busy loops at "
+                "the lowest CPU priority (no flood)",
+                _latencies(busy),
+                "alone: " + _latencies(alone),
+                _ratio(busy["p99_ms"], alone["p99_ms"]),
+            )
+        )
         found.append(
             (
                 "isolation: order p99 intake → done, status flooded "

@@ -8,6 +8,7 @@ nothing here passes or fails on speed."""
 from __future__ import annotations
 
 import functools
+import os
 import sys
 import threading
 import time
@@ -55,6 +56,10 @@ E2E_SINGLE = 1
 # Isolation runs a second flood with the status line's `intake_rate` at this share of the
 # status records/s the first flood got journaled.
 PACED_SHARE = 0.25
+# Isolation's floor: one busy loop per CPU at the lowest CPU priority (nice 19) beside the
+# order line, no flood. It touches nothing of the pipeline; what it costs the orders is
+# the least any load sharing these CPUs would cost them.
+BUSY_LOOP = "import os\nos.nice(19)\nwhile True:\n    pass"
 
 
 class Bench(BenchStack):
@@ -266,8 +271,9 @@ class Bench(BenchStack):
                 )
 
     def isolation(self) -> None:
-        """Order latencies alone, while the status line is flooded, and while it is flooded
-        with its `intake_rate` at `PACED_SHARE` of what the unpaced flood got in."""
+        """Order latencies alone, beside busy loops (the floor), while the status line is
+        flooded, and while it is flooded with its `intake_rate` at `PACED_SHARE` of what the
+        unpaced flood got in."""
         seconds = self.sizes.isolation_s
         self.reset()
         order = self.worker("order")
@@ -276,6 +282,12 @@ class Bench(BenchStack):
             self._order_latencies(url, 1, tag="warmup")  # connections, caches: not measured
             self.progress(f"isolation: order line alone, {seconds:.0f} s")
             alone = self._order_latencies(url, seconds, tag="alone")
+            loops = os.cpu_count() or 1
+            self.progress(
+                f"isolation: order line beside {loops} busy loops at the lowest CPU priority, "
+                f"{seconds:.0f} s"
+            )
+            busy = self._beside_busy_loops(url, seconds, loops=loops)
             self.progress(
                 f"isolation: order line while the status line is flooded, {seconds:.0f} s"
             )
@@ -300,6 +312,8 @@ class Bench(BenchStack):
         self._stop(status)
         self.results["isolation"] = {
             "alone": alone,
+            "busy": busy,
+            "busy_loops": loops,
             "flooded": flooded,
             "status_records_posted": flood_posted,
             "paced": paced,
@@ -307,6 +321,17 @@ class Bench(BenchStack):
             "paced_status_records_posted": paced_posted,
             "status_records_unfinished": status_waiting,
         }
+
+    def _beside_busy_loops(self, url: str, seconds: float, *, loops: int) -> dict[str, float]:
+        """Order latencies beside `loops` busy loops at nice 19 (`BUSY_LOOP`)."""
+        busy = [
+            self._start(f"busy-loop-{n}", [sys.executable, "-c", BUSY_LOOP]) for n in range(loops)
+        ]
+        try:
+            return self._order_latencies(url, seconds, tag="busy")
+        finally:
+            for child in busy:
+                self._stop(child)
 
     def _flooded(self, url: str, seconds: float, *, tag: str) -> tuple[dict[str, float], int]:
         """Order latencies while a status flood runs on `url`, and how many status records

@@ -19,6 +19,7 @@ ROWS = [
     "end to end:",
     "end to end, one record",
     "replay:",
+    "isolation's floor: order p99 beside",
     "isolation: order p99",
     "isolation, the status line's INTAKE_RATE",
     "RSS of the intake",
@@ -59,6 +60,8 @@ def test_quick_bench_completes_and_prints_every_row(harness, tmp_path):
     assert figures["end_to_end"]["records"] == 1_000
     assert figures["replay"]["enqueued"] == figures["replay"]["rows"] == 20_000
     assert figures["isolation"]["alone"]["records"] > 0
+    assert figures["isolation"]["busy"]["records"] > 0
+    assert figures["isolation"]["busy_loops"] >= 1
     assert figures["isolation"]["flooded"]["records"] > 0
     assert figures["isolation"]["paced"]["records"] > 0
     assert figures["isolation"]["paced_intake_rate"] >= 1
