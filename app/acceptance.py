@@ -15,6 +15,7 @@ from app.errors import BrokerUnavailable, JournalUnavailable
 from app.journal import store
 from app.journal.models import Record, RecordStatus
 from app.journal.store import NewRecord
+from app.journal.transitions import Event as TransitionEvent
 from app.lines import Line
 from app.logs import get_logger
 from app.runtime import Runtime
@@ -22,8 +23,6 @@ from app.settings import Overflow
 from app.webhooks import Event
 
 log = get_logger(__name__)
-
-REJECTED = (RecordStatus.REJECTED,)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -74,7 +73,7 @@ def accept_many(
     for i, (new, (record, created)) in enumerate(zip(news, stored, strict=True)):
         if not created:
             retry = record.status is RecordStatus.REJECTED and record.body_sha256 == new.body_sha256
-            if not (retry and _move(rt, record, RecordStatus.RECEIVED, clock, only_from=REJECTED)):
+            if not (retry and _move(rt, record, TransitionEvent.RESENT, clock)):
                 results[i] = Acceptance(record=record, status=record.status, created=False)
                 continue
             # A rejected request sent again (as Retry-After asked): admit it again.
@@ -145,8 +144,9 @@ def _admit(
             Acceptance(record=r, status=RecordStatus.RECEIVED, created=True, caller_runs=True)
             for r in overflow
         ]
+    event = TransitionEvent.REJECTED if policy is Overflow.REJECT else TransitionEvent.DEFERRED
     status = RecordStatus.REJECTED if policy is Overflow.REJECT else RecordStatus.DEFERRED
-    moved = _move_all(rt, overflow, status, clock)
+    moved = _move_all(rt, overflow, event, clock)
     # What was not recorded stays `received`: the sweeper will take it.
     return outcomes + [
         Acceptance(record=r, status=status if moved else RecordStatus.RECEIVED, created=True)
@@ -163,9 +163,7 @@ def _mark_enqueued(
     try:
         with rt.engine.begin() as conn:
             for epoch, ids in by_epoch.items():
-                store.mark_enqueued(
-                    conn, ids, epoch=epoch, only_from=[RecordStatus.RECEIVED], now=clock()
-                )
+                store.mark_enqueued(conn, ids, epoch=epoch, now=clock())
     except SQLAlchemyError as exc:
         log.warning(
             "records_status_not_saved",
@@ -175,37 +173,32 @@ def _mark_enqueued(
 
 
 def _move_all(
-    rt: Runtime, overflow: list[Record], to: RecordStatus, clock: Callable[[], datetime]
+    rt: Runtime, overflow: list[Record], event: TransitionEvent, clock: Callable[[], datetime]
 ) -> bool:
-    """`received → to` for every record of `overflow`, in one transaction."""
+    """`event` (`received → deferred | rejected`) for every record of `overflow`, in one
+    transaction."""
     if not overflow:
         return True
     try:
         with rt.engine.begin() as conn:
-            store.set_status(
-                conn, [r.id for r in overflow], to, only_from=[RecordStatus.RECEIVED], now=clock()
-            )
+            store.move(conn, [r.id for r in overflow], event, now=clock())
     except SQLAlchemyError as exc:
-        log.warning("records_status_not_saved", to=to.value, error=str(exc))
+        log.warning("records_status_not_saved", transition=event.value, error=str(exc))
         return False
     return True
 
 
 def _move(
-    rt: Runtime,
-    record: Record,
-    to: RecordStatus,
-    clock: Callable[[], datetime],
-    *,
-    only_from: tuple[RecordStatus, ...] = (RecordStatus.RECEIVED,),
+    rt: Runtime, record: Record, event: TransitionEvent, clock: Callable[[], datetime]
 ) -> bool:
-    """`received → to`; whether it was written. A failure here loses nothing: the record
-    stays `received` and the sweeper pushes it (a second message for a done one does
-    nothing)."""
+    """`event` for `record`; whether it was written. A failure here loses nothing: the
+    record stays as it was (`received` is pushed by the sweeper)."""
     try:
         with rt.engine.begin() as conn:
-            moved = store.set_status(conn, [record.id], to, only_from=only_from, now=clock())
+            moved = store.move(conn, [record.id], event, now=clock())
     except SQLAlchemyError as exc:
-        log.warning("record_status_not_saved", record_id=record.id, to=to.value, error=str(exc))
+        log.warning(
+            "record_status_not_saved", record_id=record.id, transition=event.value, error=str(exc)
+        )
         return False
     return moved == 1

@@ -290,13 +290,21 @@ def replay(
         rt.alerts.flush(timeout_s=5)
     finally:
         rt.close()
-    table = Table("matched", "enqueued", "deferred", "skipped (done)", "skipped (downstream has)")
+    table = Table(
+        "matched",
+        "enqueued",
+        "deferred",
+        "skipped (done)",
+        "skipped (downstream has)",
+        "skipped (in flight)",
+    )
     table.add_row(
         str(counts.matched),
         str(counts.enqueued),
         str(counts.deferred),
         str(counts.skipped_done),
         str(counts.skipped_synced),
+        str(counts.skipped_in_flight),
     )
     Console().print(table)
     if dry_run:

@@ -19,6 +19,7 @@ from app.ids import new_id
 from app.journal import store
 from app.journal.models import UNFINISHED, RecordStatus
 from app.journal.store import RecordFilter, RecordKey
+from app.journal.transitions import Event as TransitionEvent
 from app.lines import Line
 from app.logs import get_logger
 from app.runtime import Runtime
@@ -72,6 +73,7 @@ class ReplayCounts:
     deferred: int = 0
     skipped_done: int = 0
     skipped_synced: int = 0
+    skipped_in_flight: int = 0
     by_line: dict[str, int] = field(default_factory=dict)
 
 
@@ -130,7 +132,7 @@ def replay(
         line=where.line,
         message=f"replay{' (dry run)' if dry_run else ''} by {actor}: {counts.matched} matched, "
         f"{counts.enqueued} enqueued, {counts.deferred} deferred, "
-        f"{counts.skipped_done + counts.skipped_synced} skipped",
+        f"{counts.skipped_done + counts.skipped_synced + counts.skipped_in_flight} skipped",
         replay_id=replay_id,
         dry_run=dry_run,
         matched=counts.matched,
@@ -138,6 +140,7 @@ def replay(
         deferred=counts.deferred,
         skipped_done=counts.skipped_done,
         skipped_synced=counts.skipped_synced,
+        skipped_in_flight=counts.skipped_in_flight,
     )
     return counts
 
@@ -167,27 +170,38 @@ def _replay_page(
             continue
         now = clock()
         # Claimed in the epoch they are about to be pushed in: one transaction per page
-        # unless the queue fills up or Redis restarts in between.
+        # unless the queue fills up or Redis restarts in between. Only what this replay
+        # claimed is pushed: a record in flight (a live lease, or enqueued in this epoch),
+        # or one another replay claimed first, is left alone.
         epoch = rt.admission.epoch()
         with rt.engine.begin() as conn:
-            for record_id in synced:  # downstream has it: it is done, whatever we thought
-                store.mark_done(conn, record_id, now=now, only_from=DEFAULT_STATUSES)
-            store.claim_as_enqueued(conn, todo, now=now, fresh_attempts=True, epoch=epoch)
+            store.mark_synced(conn, sorted(synced), now=now)
+            claimed = set(
+                store.claim_as_enqueued(
+                    conn,
+                    todo,
+                    TransitionEvent.REPLAYED,
+                    now=now,
+                    fresh_attempts=True,
+                    epoch=epoch,
+                    not_in_epoch=epoch,
+                )
+            )
+        ours = [r for r in todo if r.id in claimed]
+        counts.skipped_in_flight += len(todo) - len(ours)
         outcome = rt.admission.push(
             line.queue,
-            [r.id for r in todo],
+            [r.id for r in ours],
             max_length=line.settings.max_queue_length,
             batch_size=line.batch_size,
         )
-        pushed = [r.id for r in todo[: outcome.pushed]]
-        left = [r.id for r in todo[outcome.pushed :]]
+        pushed = [r.id for r in ours[: outcome.pushed]]
+        left = [r.id for r in ours[outcome.pushed :]]
         if left or outcome.epoch != epoch:
             with rt.engine.begin() as conn:
                 if outcome.epoch != epoch:
                     store.set_epoch(conn, pushed, epoch=outcome.epoch, replace=True)
-                store.set_status(
-                    conn, left, RecordStatus.DEFERRED, only_from=[RecordStatus.ENQUEUED], now=now
-                )
+                store.move(conn, left, TransitionEvent.NOT_PUSHED, now=now)
         counts.enqueued += len(pushed)
         counts.deferred += len(left)
         counts.by_line[line_name] = counts.by_line.get(line_name, 0) + len(pushed) + len(left)

@@ -13,7 +13,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from app.backoff import decide
 from app.errors import JournalUnavailable
-from app.journal import store
+from app.journal import attempts
 from app.journal.models import Record, RecordStatus
 from app.lines import Line
 from app.logs import get_logger
@@ -35,18 +35,18 @@ def _sink_in_claim(rt: Runtime, record: Record) -> bool:
     return line.table_sink and record.attempts <= line.settings.max_attempts
 
 
-def _write_table_sink(conn: Connection, record: Record, now: datetime) -> bool:
-    """Mark `record` done and write its row: exactly once, and never for a record another
-    run has finished meanwhile. False when another run had finished it."""
-    marked = store.mark_done(conn, record.id, now=now)
+def _write_table_sink(conn: Connection, record: Record, owner: str, now: datetime) -> bool:
+    """Mark `record` done and write its row: exactly once, and only while `owner`'s
+    attempt holds its lease. False when it does not (another run took it over)."""
+    marked = attempts.mark_done(conn, record, owner=owner, now=now)
     if marked:
         write_table_sink(conn, record, now=now)
     return marked
 
 
-def _deliver(rt: Runtime, record: Record, clock: Callable[[], datetime]) -> bool:
+def _deliver(rt: Runtime, record: Record, owner: str, clock: Callable[[], datetime]) -> bool:
     """Hand `record` to its line's handler or HTTP sink, then mark it done. False when
-    another run had finished it meanwhile."""
+    `owner`'s attempt lost its lease meanwhile (the outcome is then not recorded)."""
     line = rt.lines.get(record.line)
     if line.handler is not None:
         line.handler(record)
@@ -54,14 +54,15 @@ def _deliver(rt: Runtime, record: Record, clock: Callable[[], datetime]) -> bool
         deliver_http(rt.http, line.settings.downstream_url, record)
     else:
         with rt.engine.begin() as conn:
-            return _write_table_sink(conn, record, clock())
+            return _write_table_sink(conn, record, owner, clock())
     with rt.engine.begin() as conn:
-        return store.mark_done(conn, record.id, now=clock())
+        return attempts.mark_done(conn, record, owner=owner, now=clock())
 
 
 # What a claim found: the record (None: nothing to run), whether the table sink finished
-# it within the claim (None: not attempted there), and the sink's error, if any.
-_Claimed = tuple[Record | None, bool | None, Exception | None]
+# it within the claim (None: not attempted there), the sink's error, if any, and the
+# lease owner of the attempt.
+_Claimed = tuple[Record | None, bool | None, Exception | None, str]
 
 
 class _SinkRefused(Exception):
@@ -79,18 +80,19 @@ def _claim(
     record_id: str,
     now: datetime,
     *,
+    owner: str,
     sink: bool = True,
     line: Line | None = None,
 ) -> _Claimed:
-    """Claim an attempt of `record_id` and, for the table sink (unless `sink` is False),
-    write it and mark it done in the same transaction. Raises `_SinkRefused` when the sink
-    fails: there is no savepoint (one per record cost more than the claim), so the caller
-    rolls back and claims again with `sink=False`.
+    """Claim an attempt of `record_id` for `owner` and, for the table sink (unless `sink`
+    is False), write it and mark it done in the same transaction. Raises `_SinkRefused`
+    when the sink fails: there is no savepoint (one per record cost more than the claim),
+    so the caller rolls back and claims again with `sink=False`.
 
     `line`: the line whose queue the record came from. With the table sink, its claim and
     its marking done are then one statement."""
     if sink and line is not None and line.table_sink:
-        done = store.claim_done(
+        done = attempts.claim_done(
             conn, record_id, line=line.name, max_attempts=line.settings.max_attempts, now=now
         )
         if done is not None:
@@ -98,16 +100,30 @@ def _claim(
                 write_table_sink(conn, done, now=now)
             except Exception as exc:
                 raise _SinkRefused(exc) from exc
-            return done, True, None
-        # Not runnable, out of attempts or on another line: the usual claim says which.
-    record = store.claim_attempt(conn, record_id, now=now)
+            return done, True, None, owner
+        # Not runnable, in flight, out of attempts or on another line: the claim says which.
+    record = attempts.claim_attempt(
+        conn, record_id, owner=owner, lease_s=rt.settings.lease_seconds, now=now
+    )
     finished: bool | None = None
     if sink and record is not None and _sink_in_claim(rt, record):
         try:
-            finished = _write_table_sink(conn, record, now)
+            finished = _write_table_sink(conn, record, owner, now)
         except Exception as exc:
             raise _SinkRefused(exc) from exc
-    return record, finished, None
+    if record is None:
+        _log_skipped(conn, record_id, now)
+    return record, finished, None, owner
+
+
+def _log_skipped(conn: Connection, record_id: str, now: datetime) -> None:
+    """Say why a message's record was not run: it is final, waiting for its retry, or in
+    flight under another attempt's lease (that attempt records the outcome)."""
+    log.info(
+        "record_skipped",
+        record_id=record_id,
+        reason=attempts.why_not_claimed(conn, record_id, now=now),
+    )
 
 
 def run_record(
@@ -119,21 +135,23 @@ def run_record(
     line: Line | None = None,
 ) -> RecordStatus | None:
     """Run one attempt of `record_id`. Returns its new status, or None when there was
-    nothing to run (unknown, already final, or waiting for its retry).
+    nothing to run (unknown, final, waiting for its retry, or in flight elsewhere) or when
+    this attempt lost its lease before its outcome was recorded.
 
     `line`: the line whose queue the record came from, if known (see `_claim`).
 
     Raises `JournalUnavailable` when the journal cannot be read or written; the record is
     then left as it was and the sweeper picks it up again."""
+    owner = attempts.new_owner()
     try:
         try:
             with rt.engine.begin() as conn:
-                claimed = _claim(conn, rt, record_id, clock(), line=line)
+                claimed = _claim(conn, rt, record_id, clock(), owner=owner, line=line)
         except _SinkRefused as refused:
             # Nothing of that transaction was kept: claim alone, so the attempt counts.
             with rt.engine.begin() as conn:
-                record, _, _ = _claim(conn, rt, record_id, clock(), sink=False)
-            claimed = (record, None, refused.error)
+                record, _, _, _ = _claim(conn, rt, record_id, clock(), owner=owner, sink=False)
+            claimed = (record, None, refused.error, owner)
     except SQLAlchemyError as exc:
         raise JournalUnavailable(f"claim of {record_id} failed") from exc
     return _after_claim(rt, record_id, claimed, clock=clock, rng=rng)
@@ -154,9 +172,10 @@ def run_table_sink_batch(
     Only for the table sink: a handler runs after its claim is committed, and claiming a
     whole batch first would count an attempt for each record when one of them kills the
     worker."""
+    owner = attempts.new_owner()
     try:
         with rt.engine.begin() as conn:
-            claimed = _claim_batch(conn, rt, record_ids, clock())
+            claimed = _claim_batch(conn, rt, record_ids, clock(), owner=owner)
     except SQLAlchemyError as exc:
         raise JournalUnavailable(f"claim of a batch of {len(record_ids)} failed") from exc
     return [
@@ -166,59 +185,67 @@ def run_table_sink_batch(
 
 
 def _claim_batch(
-    conn: Connection, rt: Runtime, record_ids: list[str], now: datetime
+    conn: Connection, rt: Runtime, record_ids: list[str], now: datetime, *, owner: str
 ) -> list[_Claimed]:
     """`_claim` of each of `record_ids` (an id met twice is claimed once): one statement
     claims them all, one marks done and one writes the sink rows of those the sink takes."""
-    by_id = {record.id: record for record in store.claim_attempts(conn, record_ids, now=now)}
+    claimed_now = attempts.claim_attempts(
+        conn, record_ids, owner=owner, lease_s=rt.settings.lease_seconds, now=now
+    )
+    by_id = {record.id: record for record in claimed_now}
     # In the message's order: of two records with one business number, the later one wins.
     in_order = [by_id[i] for i in dict.fromkeys(record_ids) if i in by_id]
-    written = _write_table_sink_all(conn, [r for r in in_order if _sink_in_claim(rt, r)], now)
+    batch = [r for r in in_order if _sink_in_claim(rt, r)]
+    written = _write_table_sink_all(conn, batch, owner, now)
     claimed: list[_Claimed] = []
     for record_id in record_ids:
         record = by_id.pop(record_id, None)
         finished, sink_error = written.get(record_id, (None, None))
-        claimed.append((record, finished, sink_error) if record else (None, None, None))
+        if record is None:
+            _log_skipped(conn, record_id, now)
+        claimed.append(
+            (record, finished, sink_error, owner) if record else (None, None, None, owner)
+        )
     return claimed
 
 
 def _write_table_sink_all(
-    conn: Connection, batch: list[Record], now: datetime
+    conn: Connection, batch: list[Record], owner: str, now: datetime
 ) -> dict[str, tuple[bool | None, Exception | None]]:
     """`_write_table_sink` of each record of `batch`, in a savepoint: all of them at once,
     else (one the table refuses, say) one at a time, so that one fails alone. Maps each
     id to (finished, the sink's error)."""
-    if len(batch) > 1 and _all_at_once(conn, batch, now):
+    if len(batch) > 1 and _all_at_once(conn, batch, owner, now):
         return {record.id: (True, None) for record in batch}
     written: dict[str, tuple[bool | None, Exception | None]] = {}
     for record in batch:
         try:
             with conn.begin_nested():
-                written[record.id] = (_write_table_sink(conn, record, now), None)
+                written[record.id] = (_write_table_sink(conn, record, owner, now), None)
         except Exception as exc:  # noqa: BLE001 - e.g. a payload the table refuses
             written[record.id] = (None, exc)  # the claim still commits: the attempt counts
     return written
 
 
-def _all_at_once(conn: Connection, batch: list[Record], now: datetime) -> bool:
+def _all_at_once(conn: Connection, batch: list[Record], owner: str, now: datetime) -> bool:
     """Mark done and write every record of `batch`, in a savepoint; False, with nothing
     of it kept, when any of it fails."""
     try:
         with conn.begin_nested():
-            _mark_and_write_all(conn, batch, now)
+            _mark_and_write_all(conn, batch, owner, now)
     except Exception:  # noqa: BLE001 - the caller finds it again, record by record
         return False
     return True
 
 
-def _mark_and_write_all(conn: Connection, batch: list[Record], now: datetime) -> None:
-    if store.mark_done_all(conn, [r.id for r in batch], now=now) != len(batch):
+def _mark_and_write_all(conn: Connection, batch: list[Record], owner: str, now: datetime) -> None:
+    if attempts.mark_done_all(conn, batch, owner=owner, now=now) != len(batch):
         raise _NotAllMarked
     write_table_sink_all(conn, batch, now=now)
 
 
 class _NotAllMarked(Exception):
-    """Another run finished a record of the batch meanwhile: go record by record."""
+    """A record of the batch could not be marked: go record by record."""
 
 
 def _after_claim(
@@ -229,9 +256,8 @@ def _after_claim(
     clock: Callable[[], datetime],
     rng: random.Random,
 ) -> RecordStatus | None:
-    record, finished, sink_error = claimed
+    record, finished, sink_error, owner = claimed
     if record is None:
-        log.info("record_skipped", record_id=record_id)
         return None
     line = rt.lines.get(record.line)
     if record.attempts > line.settings.max_attempts:
@@ -240,22 +266,37 @@ def _after_claim(
             rt,
             record,
             RuntimeError("the worker was lost on every attempt"),
+            owner=owner,
             clock=clock,
             rng=rng,
         )
     if sink_error is not None:
-        return _record_failure(rt, record, sink_error, clock=clock, rng=rng)
+        return _record_failure(rt, record, sink_error, owner=owner, clock=clock, rng=rng)
     if finished is None:
         try:
-            finished = _deliver(rt, record, clock)
+            finished = _deliver(rt, record, owner, clock)
         except SQLAlchemyError as exc:
             raise JournalUnavailable(f"finishing {record_id} failed") from exc
         except Exception as exc:  # noqa: BLE001 - a handler is user code: any failure is an attempt
-            return _record_failure(rt, record, exc, clock=clock, rng=rng)
-    if finished:
-        rt.telemetry.count(Counter.DONE, line=record.line)
+            return _record_failure(rt, record, exc, owner=owner, clock=clock, rng=rng)
+    if not finished:
+        _log_lease_lost(record, outcome=RecordStatus.DONE)
+        return None
+    rt.telemetry.count(Counter.DONE, line=record.line)
     log.info("record_done", record_id=record.id, line=record.line, attempts=record.attempts)
     return RecordStatus.DONE
+
+
+def _log_lease_lost(record: Record, *, outcome: RecordStatus) -> None:
+    """An attempt's outcome that was not recorded: its lease expired and another attempt
+    took it over (that one records the outcome), or the record is final."""
+    log.warning(
+        "outcome_ignored_lease_lost",
+        record_id=record.id,
+        line=record.line,
+        attempt=record.attempts,
+        outcome=outcome.value,
+    )
 
 
 def _record_failure(
@@ -263,22 +304,24 @@ def _record_failure(
     record: Record,
     exc: Exception,
     *,
+    owner: str,
     clock: Callable[[], datetime],
     rng: random.Random,
-) -> RecordStatus:
+) -> RecordStatus | None:
     line = rt.lines.get(record.line)
     now = clock()
     decision = decide(record.attempts, policy=line.settings, now=now, rng=rng)
     error = f"{type(exc).__name__}: {exc}"
     try:
         with rt.engine.begin() as conn:
-            moved = store.mark_failed(
-                conn, record.id, error=error, retry_at=decision.retry_at, now=now
+            moved = attempts.mark_failed(
+                conn, record, owner=owner, error=error, retry_at=decision.retry_at, now=now
             )
     except SQLAlchemyError as db_exc:
         raise JournalUnavailable(f"recording failure of {record.id} failed") from db_exc
-    if not moved:  # another run finished it meanwhile
-        return RecordStatus.DONE
+    if not moved:
+        _log_lease_lost(record, outcome=RecordStatus.DEAD if decision.dead else RecordStatus.FAILED)
+        return None
     if decision.dead:
         rt.telemetry.count(Counter.DEAD, line=record.line)
         log.error("record_dead", record_id=record.id, line=record.line, attempts=record.attempts)

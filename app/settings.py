@@ -204,6 +204,14 @@ class Settings(BaseSettings):
         return self
 
     @property
+    def lease_seconds(self) -> float:
+        """How long an attempt's lease on its record lasts: past the hard time limit of a
+        task (90 % of the visibility timeout, `app.celery_app`), and short of the
+        visibility timeout, so that a killed worker's message, back after it, finds the
+        lease expired and takes it over."""
+        return self.visibility_timeout_seconds * 0.95
+
+    @property
     def dev_mode(self) -> bool:
         """No intake keys: unsigned requests, loopback only (DESIGN §7)."""
         return not self.intake_keys

@@ -2,15 +2,17 @@
 
 Run by the active beat, in its own process, every few seconds. Per line, and only as far
 as the line has room, it claims (`… → enqueued`) in one transaction the records that are
-due: `received` past the grace period, `deferred`, `failed` with their retry due, and
-`enqueued` ones that can no longer be on the queue (Redis lost its memory: another epoch;
-or older than the stuck threshold). Then one pipelined push per batch; what was not
+due: `received` unchanged for the grace period, `deferred`, `failed` with their retry
+due, `enqueued` ones that can no longer be on the queue (Redis lost its memory: another
+epoch; or unchanged past the stuck threshold), and those whose attempt's lease expired
+without an outcome. None in flight (a live lease) is pushed. Thresholds are on the
+database's clock. Then one pipelined push per batch; what was not
 pushed is put back as it was. Two sweepers at once never lose or double-claim a record."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -73,8 +75,6 @@ def sweep(rt: Runtime, *, now: datetime) -> SweepResult:
 
 def _sweep_line(rt: Runtime, line: Line, *, epoch: str, now: datetime, result: SweepResult) -> None:
     settings = rt.settings
-    received_before = now - timedelta(seconds=settings.received_grace_seconds)
-    stuck_before = now - timedelta(seconds=settings.stuck_after_seconds)
     budget = settings.sweep_max_per_run
     while budget > 0:
         # Room is counted in messages; a message holds up to `batch_size` records.
@@ -87,8 +87,8 @@ def _sweep_line(rt: Runtime, line: Line, *, epoch: str, now: datetime, result: S
                 conn,
                 line=line.name,
                 now=now,
-                received_before=received_before,
-                stuck_before=stuck_before,
+                received_grace_s=settings.received_grace_seconds,
+                stuck_after_s=settings.stuck_after_seconds,
                 epoch=epoch,
                 limit=limit,
             )

@@ -294,7 +294,8 @@ class ReplayRequest(BaseModel):
 
 @router.post("/v1/replay", dependencies=[Depends(require_admin)], responses=errors_doc(*ADMIN, 404))
 async def post_replay(body: ReplayRequest, request: Request, rt: RuntimeDep) -> dict[str, Any]:
-    """Replay records (admin): counts matched / enqueued / deferred / skipped."""
+    """Replay records (admin): counts matched / enqueued / deferred / skipped (already
+    done, already downstream, in flight)."""
     if body.line is not None:
         rt.lines.get(body.line)
     where = ReplayFilter(
@@ -314,6 +315,7 @@ async def post_replay(body: ReplayRequest, request: Request, rt: RuntimeDep) -> 
         "deferred": counts.deferred,
         "skipped_already_done": counts.skipped_done,
         "skipped_already_synced": counts.skipped_synced,
+        "skipped_in_flight": counts.skipped_in_flight,
         "dry_run": body.dry_run,
     }
 

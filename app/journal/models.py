@@ -104,6 +104,10 @@ records = Table(
     # The Redis epoch the record's message was pushed in (see app.admission): a record
     # `enqueued` in an older epoch was lost with Redis's memory and is pushed again.
     Column("queue_epoch", String(36), nullable=True),
+    # The lease of the attempt running the record (app.journal.transitions): who runs it
+    # (host:pid) and until when; `attempts` is its fencing token. None: nobody runs it.
+    Column("lease_owner", String(128), nullable=True),
+    Column("lease_expires_at", UtcDateTime, nullable=True),
     Index(None, "status", "next_attempt_at"),
     Index(None, "status", "updated_at"),
     Index(None, "line", "status", "id"),
@@ -201,6 +205,8 @@ class Record:
     finished_at: datetime | None
     task_id: str | None
     queue_epoch: str | None = None
+    lease_owner: str | None = None
+    lease_expires_at: datetime | None = None
 
     @classmethod
     def from_row(cls, row: Any) -> Record:

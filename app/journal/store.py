@@ -26,16 +26,12 @@ from sqlalchemy import (
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.compiler import SQLCompiler
-from sqlalchemy.sql.elements import BindParameter
 from sqlalchemy.sql.functions import FunctionElement
 
+from app.journal.dbclock import db_time, db_time_at
+from app.journal.guards import guard
 from app.journal.models import UNFINISHED, Record, RecordStatus, Source, records, replays
-
-# A delivered record is done whatever happened to it meanwhile, unless it is already final.
-DONE_FROM = (*UNFINISHED,)
-# A worker runs records that are on a queue, or may be: a `received` one on its way, a
-# `deferred` one whose older message is still queued. A `failed` one waits for its retry.
-RUNNABLE = (RecordStatus.RECEIVED, RecordStatus.ENQUEUED, RecordStatus.DEFERRED)
+from app.journal.transitions import TRANSITIONS, Event
 
 
 class _Unindexed(FunctionElement[str]):
@@ -257,174 +253,65 @@ def payloads(conn: Connection, record_ids: Sequence[str]) -> dict[str, dict[str,
     return {row[0]: row[1] for row in conn.execute(query)}
 
 
-def set_status(
+def move(
     conn: Connection,
     record_ids: Iterable[str],
-    to: RecordStatus,
+    event: Event,
     *,
-    only_from: Sequence[RecordStatus],
     now: datetime,
+    among_statuses: frozenset[RecordStatus] | None = None,
 ) -> int:
-    """Move the records that are in one of `only_from` to `to`. Returns how many moved."""
-    return _update_by_id(conn, record_ids, only_from, {"status": to.value, "updated_at": now})
+    """Apply `event` to the records of `record_ids` that it may move (its sources,
+    narrowed to `among_statuses`; its lease rule). Returns how many moved."""
+    to = TRANSITIONS[event].to
+    if to is None:
+        raise ValueError(f"{event.value} does not name the status it moves to")
+    values = {"status": to.value, "updated_at": now}
+    return _update_by_id(conn, record_ids, event, values, now=now, among_statuses=among_statuses)
 
 
 def _update_by_id(
     conn: Connection,
     record_ids: Iterable[str],
-    only_from: Sequence[RecordStatus],
+    event: Event,
     values: dict[str, Any],
+    *,
+    now: datetime,
+    among_statuses: frozenset[RecordStatus] | None = None,
 ) -> int:
-    """Set `values` on the records of `record_ids` that are in one of `only_from`.
-    Returns how many changed."""
+    """Set `values` on the records of `record_ids` that `event` may move. Returns how
+    many changed."""
     ids = list(record_ids)
     if not ids:
         return 0
+    terms = guard(event, status=unindexed_status, among=among_statuses, now=now)
     result = conn.execute(
-        update(records)
-        .where(among(conn, records.c.id, ids), unindexed_status.in_([s.value for s in only_from]))
-        .values(**values)
+        update(records).where(among(conn, records.c.id, ids), *terms).values(**values)
     )
     return result.rowcount
 
 
-# Built once: the worker runs these for every record (a statement object keeps its
-# compiled form's cache key; building one per call costs more than running it).
-_CLAIM = (
-    update(records)
-    .where(
-        records.c.id == bindparam("record_id"),
-        records.c.status.in_([s.value for s in RUNNABLE]),
-    )
-    .values(attempts=records.c.attempts + 1, updated_at=bindparam("now"))
-    .returning(*records.c)
-)
-
-
-def claim_attempt(conn: Connection, record_id: str, *, now: datetime) -> Record | None:
-    """Count one more attempt on a runnable record and return it; None if it is not runnable
-    (already done, dead, rejected, or waiting for its retry)."""
-    row = conn.execute(_CLAIM, {"record_id": record_id, "now": now}).first()
-    return Record.from_row(row) if row else None
-
-
-def _done_values(now: datetime | BindParameter[datetime]) -> dict[str, Any]:
-    """What marking a record done sets; `now` a time, or the `now` parameter of a
-    statement built once."""
-    return {
+def mark_synced(conn: Connection, record_ids: Sequence[str], *, now: datetime) -> int:
+    """Downstream already has these records (a replay asked it): `done`, unless one is in
+    flight or final. Returns how many were marked."""
+    values = {
         "status": RecordStatus.DONE.value,
         "finished_at": now,
         "updated_at": now,
         "next_attempt_at": None,
         "last_error": None,
     }
+    return _update_by_id(conn, record_ids, Event.SYNCED, values, now=now)
 
 
-_CLAIM_DONE = (
-    update(records)
-    .where(
-        records.c.id == bindparam("record_id"),
-        records.c.line == bindparam("record_line"),
-        records.c.status.in_([s.value for s in RUNNABLE]),
-        records.c.attempts < bindparam("max_attempts"),
-    )
-    .values(attempts=records.c.attempts + 1, **_done_values(bindparam("now")))
-    .returning(*records.c)
-)
-
-
-def claim_done(
-    conn: Connection, record_id: str, *, line: str, max_attempts: int, now: datetime
-) -> Record | None:
-    """`claim_attempt` and `mark_done` in one statement, for a record whose work is done in
-    the same transaction (the table sink): the record, now `done`, if it is a runnable
-    record of `line` with an attempt left; else None, and nothing changed."""
-    params = {"record_id": record_id, "record_line": line, "max_attempts": max_attempts, "now": now}
-    row = conn.execute(_CLAIM_DONE, params).first()
-    return Record.from_row(row) if row else None
-
-
-def claim_attempts(conn: Connection, record_ids: Sequence[str], *, now: datetime) -> list[Record]:
-    """`claim_attempt` of several records in one statement: the records claimed, in no
-    particular order."""
-    if not record_ids:
-        return []
-    rows = conn.execute(
-        update(records)
-        .where(
-            among(conn, records.c.id, record_ids),
-            unindexed_status.in_([s.value for s in RUNNABLE]),
-        )
-        .values(attempts=records.c.attempts + 1, updated_at=now)
-        .returning(*records.c)
-    )
-    return [Record.from_row(row) for row in rows]
-
-
-def mark_done_all(conn: Connection, record_ids: Sequence[str], *, now: datetime) -> int:
-    """`mark_done` of several records in one statement. Returns how many were marked."""
-    return _update_by_id(conn, record_ids, DONE_FROM, _done_values(now))
-
-
-_MARK_DONE = (
-    update(records)
-    .where(
-        records.c.id == bindparam("record_id"),
-        records.c.status.in_([s.value for s in DONE_FROM]),
-    )
-    .values(**_done_values(bindparam("now")))
-)
-
-
-def mark_done(
-    conn: Connection,
-    record_id: str,
-    *,
-    now: datetime,
-    only_from: Sequence[RecordStatus] = DONE_FROM,
-) -> bool:
-    """`… → done`. False when the record was already final (or not in `only_from`)."""
-    if only_from is DONE_FROM:
-        done = conn.execute(_MARK_DONE, {"record_id": record_id, "now": now})
-        return done.rowcount == 1
-    return _update_by_id(conn, [record_id], only_from, _done_values(now)) == 1
-
-
-def mark_failed(
-    conn: Connection,
-    record_id: str,
-    *,
-    error: str,
-    retry_at: datetime | None,
-    now: datetime,
-) -> bool:
-    """An attempt failed: `failed` with its retry time, or `dead` when `retry_at` is None."""
-    status = RecordStatus.FAILED if retry_at else RecordStatus.DEAD
-    result = conn.execute(
-        update(records)
-        .where(records.c.id == record_id, records.c.status.in_([s.value for s in RUNNABLE]))
-        .values(
-            status=status.value,
-            next_attempt_at=retry_at,
-            last_error=error[:2000],
-            updated_at=now,
-            finished_at=None if retry_at else now,
-        )
-    )
-    return result.rowcount == 1
-
-
-def mark_enqueued(
-    conn: Connection,
-    record_ids: Sequence[str],
-    *,
-    epoch: str,
-    only_from: Sequence[RecordStatus],
-    now: datetime,
-) -> int:
-    """`… → enqueued` in `epoch`, for the records in one of `only_from`."""
-    values = {"status": RecordStatus.ENQUEUED.value, "queue_epoch": epoch, "updated_at": now}
-    return _update_by_id(conn, record_ids, only_from, values)
+def mark_enqueued(conn: Connection, record_ids: Sequence[str], *, epoch: str, now: datetime) -> int:
+    """`received → enqueued` in `epoch`: the intake pushed them."""
+    values = {
+        "status": RecordStatus.ENQUEUED.value,
+        "queue_epoch": epoch,
+        "updated_at": now,
+    }
+    return _update_by_id(conn, record_ids, Event.PUSHED, values, now=now)
 
 
 def set_epoch(
@@ -446,70 +333,104 @@ def claim_due(
     *,
     line: str,
     now: datetime,
-    received_before: datetime,
-    stuck_before: datetime,
+    received_grace_s: float,
+    stuck_after_s: float,
     epoch: str,
     limit: int,
 ) -> list[Record]:
-    """Claim, oldest first, the records of `line` that should be put on its queue: `received`
-    ones older than the grace period, `deferred` ones, `failed` ones whose retry is due, and
-    `enqueued` ones that can no longer be on the queue (pushed in another epoch, or older
-    than the stuck threshold). They become `enqueued` with no epoch until pushed.
+    """Claim, oldest first, the records of `line` that should be put on its queue, none of
+    them in flight (a live lease): `received` ones unchanged for the grace period,
+    `deferred` ones, `failed` ones whose retry is due, `enqueued` ones that can no longer
+    be on the queue (pushed in another epoch, or unchanged past the stuck threshold), and
+    runnable ones whose attempt's lease expired without an outcome (its worker died, or
+    its outcome could not be written). They become `enqueued` with no epoch until pushed.
+    Times are compared on the database's clock (`app.journal.dbclock`).
 
-    Returns them as they were before the claim. Safe with concurrent sweepers: the rows are
-    locked (`FOR UPDATE SKIP LOCKED` on PostgreSQL; SQLite serialises writers) and every
-    update is guarded by the status it was read in."""
+    Returns those claimed, as they were before. Safe with concurrent sweepers: the rows
+    are locked (`FOR UPDATE SKIP LOCKED` on PostgreSQL; SQLite serialises writers) and
+    every update is guarded by the status it was read in."""
+    lease_expired = and_(
+        records.c.lease_expires_at.is_not(None), records.c.lease_expires_at <= db_time(now)
+    )
     due = or_(
         and_(
             records.c.status == RecordStatus.RECEIVED.value,
-            records.c.created_at < received_before,
+            records.c.updated_at < db_time_at(now, -received_grace_s),
         ),
         records.c.status == RecordStatus.DEFERRED.value,
         and_(
             records.c.status == RecordStatus.FAILED.value,
-            records.c.next_attempt_at <= now,
+            records.c.next_attempt_at <= db_time(now),
         ),
         and_(
             records.c.status == RecordStatus.ENQUEUED.value,
-            or_(records.c.queue_epoch != epoch, records.c.updated_at < stuck_before),
+            # No epoch: a sweeper or a replay is pushing it now (or died doing so, and
+            # the stuck threshold takes it).
+            or_(
+                records.c.queue_epoch != epoch,
+                records.c.updated_at < db_time_at(now, -stuck_after_s),
+            ),
         ),
+        lease_expired,
     )
-    query = select(records).where(records.c.line == line, due).order_by(records.c.id).limit(limit)
+    query = (
+        select(records)
+        .where(records.c.line == line, due, *guard(Event.SWEPT, now=now))
+        .order_by(records.c.id)
+        .limit(limit)
+    )
     if conn.dialect.name == "postgresql":
         query = query.with_for_update(skip_locked=True)
-    claimed = [Record.from_row(row) for row in conn.execute(query)]
-    claim_as_enqueued(conn, claimed, now=now)
-    return claimed
+    found = [Record.from_row(row) for row in conn.execute(query)]
+    claimed = set(claim_as_enqueued(conn, found, Event.SWEPT, now=now))
+    return [record for record in found if record.id in claimed]
 
 
 def claim_as_enqueued(
     conn: Connection,
-    claimed: Sequence[Record | RecordKey],
+    found: Sequence[Record | RecordKey],
+    event: Event,
     *,
     now: datetime,
     fresh_attempts: bool = False,
     epoch: str | None = None,
-) -> None:
-    """`… → enqueued`, each guarded by the status it was read in, with no epoch until
-    pushed, or with the `epoch` the caller is about to push them in (a record claimed but
-    never pushed is then taken again after the stuck threshold, as one with no epoch is).
-    `fresh_attempts` (replay) starts the count of attempts again."""
+    not_in_epoch: str | None = None,
+) -> list[str]:
+    """`… → enqueued` by `event` (`SWEPT`, `REPLAYED`), each record guarded by the status
+    it was read in and by its lease (none live), with no epoch until pushed, or with the
+    `epoch` the caller is about to push them in (a record claimed but never pushed is
+    taken again by the sweeper, as one with no epoch is). An expired lease is cleared.
+
+    `not_in_epoch`: an `enqueued` record is claimed only if it was pushed in another
+    epoch (in this one its message is on its queue or held by a worker: it is in flight).
+    `fresh_attempts` (replay) starts the count of attempts again.
+
+    Returns the ids claimed: only those may be pushed."""
     by_status: dict[RecordStatus, list[str]] = {}
-    for record in claimed:
+    for record in found:
         by_status.setdefault(record.status, []).append(record.id)
     values: dict[str, Any] = {
         "status": RecordStatus.ENQUEUED.value,
         "queue_epoch": epoch,
+        "lease_owner": None,
+        "lease_expires_at": None,
         "updated_at": now,
     }
     if fresh_attempts:
         values |= {"attempts": 0, "next_attempt_at": None, "finished_at": None}
+    claimed: list[str] = []
     for status, ids in by_status.items():
-        conn.execute(
+        terms = guard(event, status=unindexed_status, among=frozenset({status}), now=now)
+        if status is RecordStatus.ENQUEUED and not_in_epoch is not None:
+            terms.append(records.c.queue_epoch != not_in_epoch)
+        rows = conn.execute(
             update(records)
-            .where(among(conn, records.c.id, ids), unindexed_status == status.value)
+            .where(among(conn, records.c.id, ids), *terms)
             .values(**values)
+            .returning(records.c.id)
         )
+        claimed.extend(row.id for row in rows)
+    return claimed
 
 
 def start_replay(
@@ -538,11 +459,13 @@ def finish_replay(
 
 
 def put_back(conn: Connection, claimed: Sequence[Record], *, now: datetime) -> None:
-    """Return claimed records that were not pushed to the status (and epoch) they had."""
-    groups: dict[tuple[RecordStatus, str | None], list[str]] = {}
+    """Return claimed records that were not pushed to the status, epoch and lease they had
+    (the undo of `claim_as_enqueued`, for a push that did not happen)."""
+    groups: dict[tuple[RecordStatus, str | None, str | None, datetime | None], list[str]] = {}
     for record in claimed:
-        groups.setdefault((record.status, record.queue_epoch), []).append(record.id)
-    for (status, epoch), ids in groups.items():
+        key = (record.status, record.queue_epoch, record.lease_owner, record.lease_expires_at)
+        groups.setdefault(key, []).append(record.id)
+    for (status, epoch, owner, expires), ids in groups.items():
         conn.execute(
             update(records)
             .where(
@@ -550,7 +473,13 @@ def put_back(conn: Connection, claimed: Sequence[Record], *, now: datetime) -> N
                 unindexed_status == RecordStatus.ENQUEUED.value,
                 records.c.queue_epoch.is_(None),
             )
-            .values(status=status.value, queue_epoch=epoch, updated_at=now)
+            .values(
+                status=status.value,
+                queue_epoch=epoch,
+                lease_owner=owner,
+                lease_expires_at=expires,
+                updated_at=now,
+            )
         )
 
 

@@ -19,15 +19,17 @@ from app.celery_app import create_celery
 from app.clock import utcnow
 from app.errors import UnboundedPublish
 from app.ids import new_id
+from app.journal import attempts, store
 from app.journal import engine as journal_engine
-from app.journal import store
 from app.journal.engine import make_engine
 from app.journal.models import RecordStatus, Source
 from app.journal.schema import upgrade
 from app.journal.store import NewRecord
+from app.journal.transitions import Event as TransitionEvent
 from app.retention import purge
 from app.runner import run_record
 from app.sweeper import sweep
+from tests.support.journal import force_status
 from tests.support.messages import queued_ids
 
 
@@ -54,16 +56,12 @@ def test_a_done_record_is_never_moved_by_a_late_or_duplicate_delivery(harness):
     assert run_record(rt, record.id, clock=utcnow, rng=rng) is RecordStatus.DONE
     assert run_record(rt, record.id, clock=utcnow, rng=rng) is None  # a second message
     with rt.engine.begin() as conn:
-        assert store.claim_attempt(conn, record.id, now=now) is None
-        assert not store.mark_failed(conn, record.id, error="late", retry_at=now, now=now)
-        moved = store.set_status(
-            conn,
-            [record.id],
-            RecordStatus.ENQUEUED,
-            only_from=[RecordStatus.RECEIVED, RecordStatus.FAILED],
-            now=now,
+        assert attempts.claim_attempt(conn, record.id, owner="late", lease_s=60, now=now) is None
+        late = dataclasses.replace(record, attempts=1)
+        assert not attempts.mark_failed(
+            conn, late, owner="late", error="late", retry_at=now, now=now
         )
-        assert moved == 0
+        assert store.move(conn, [record.id], TransitionEvent.SWEPT, now=now) == 0
         final = store.get_record(conn, record.id)
     assert final is not None
     assert (final.status, final.attempts, final.last_error) == (RecordStatus.DONE, 1, None)
@@ -137,7 +135,7 @@ def test_records_lost_with_redis_memory_are_enqueued_again_and_recovered_is_rais
             ids.append(record.id)
     epoch = rt.admission.push("refund", ids, max_length=100).epoch
     with rt.engine.begin() as conn:
-        store.mark_enqueued(conn, ids, epoch=epoch, only_from=[RecordStatus.RECEIVED], now=now)
+        store.mark_enqueued(conn, ids, epoch=epoch, now=now)
     assert sweep(rt, now=utcnow()).enqueued == {}  # all on the queue: nothing to do
 
     rt.redis.flushall()  # the queue, and the epoch, are gone
@@ -158,13 +156,7 @@ def test_an_enqueued_record_older_than_the_stuck_threshold_is_pushed_again(harne
         record, _ = store.insert_record(
             conn, new_record("order", "S-1", now=long_ago), now=long_ago
         )
-        store.mark_enqueued(
-            conn,
-            [record.id],
-            epoch=rt.admission.epoch(),
-            only_from=[RecordStatus.RECEIVED],
-            now=long_ago,
-        )
+        store.mark_enqueued(conn, [record.id], epoch=rt.admission.epoch(), now=long_ago)
     result = sweep(rt, now=utcnow())
     assert result.stuck == {"order": 1}
     assert result.recovered == {}
@@ -179,14 +171,14 @@ def test_retention_deletes_old_done_records_only(harness):
     with rt.engine.begin() as conn:
         for n in range(5):
             record, _ = store.insert_record(conn, new_record("order", f"D-{n}", now=old), now=old)
-            store.mark_done(conn, record.id, now=old)
+            store.mark_synced(conn, [record.id], now=old)
             gone.append(record.id)
         for status in (RecordStatus.FAILED, RecordStatus.DEAD, RecordStatus.RECEIVED):
             record, _ = store.insert_record(conn, new_record("order", status, now=old), now=old)
-            store.set_status(conn, [record.id], status, only_from=[RecordStatus.RECEIVED], now=old)
+            force_status(conn, [record.id], status)
             keep.append(record.id)
         fresh, _ = store.insert_record(conn, new_record("order", "NEW", now=utcnow()), now=utcnow())
-        store.mark_done(conn, fresh.id, now=utcnow())
+        store.mark_synced(conn, [fresh.id], now=utcnow())
         keep.append(fresh.id)
     assert purge(rt, now=utcnow()) == 5
     assert sorted(r.id for r in harness.records()) == sorted(keep)
@@ -231,19 +223,19 @@ def test_statements_that_pick_records_by_id_go_through_the_primary_key_on_sqlite
 
     event.listen(engine, "before_cursor_execute", capture)
     now = utcnow()
-    ids = [new_id(now) for _ in range(3)]
+    news = [new_record("order", f"P-{n}", now=now) for n in range(3)]
+    ids = [r.id for r in news]
     try:
         with engine.begin() as conn:
-            store.set_status(
-                conn, ids, RecordStatus.ENQUEUED, only_from=[RecordStatus.FAILED], now=now
-            )
-            store.mark_enqueued(conn, ids, only_from=[RecordStatus.RECEIVED], epoch="e", now=now)
+            store.insert_records(conn, news, now=now)
+            store.move(conn, ids, TransitionEvent.DEFERRED, now=now)
+            store.mark_enqueued(conn, ids, epoch="e", now=now)
             store.set_epoch(conn, ids, epoch="e")
             store.delete_done_before(conn, before=now, limit=10)
-            store.claim_attempts(conn, ids, now=now)
-            store.mark_done_all(conn, ids, now=now)
-            store.claim_done(conn, ids[0], line="order", max_attempts=8, now=now)
-            store.claim_attempt(conn, ids[0], now=now)
+            claimed = attempts.claim_attempts(conn, ids, owner="o", lease_s=60, now=now)
+            attempts.mark_done_all(conn, claimed, owner="o", now=now)
+            attempts.claim_done(conn, ids[0], line="order", max_attempts=8, now=now)
+            attempts.claim_attempt(conn, ids[0], owner="o", lease_s=60, now=now)
         assert len(statements) >= 7
         with engine.connect() as conn:
             for statement, parameters in statements:
@@ -269,14 +261,13 @@ def test_an_id_picked_update_still_uses_the_primary_key_once_the_journal_has_gro
     now = utcnow()
     few = [new_record("order", f"O-{n}", now=now) for n in range(16)]
     ids = [r.id for r in few]
-    enqueued = [RecordStatus.ENQUEUED]
     try:
         with engine.connect() as conn:
             store.insert_records(conn, few, now=now)
             conn.commit()
             # Run often enough for psycopg to prepare it and PostgreSQL to weigh a generic plan.
             for _ in range(15):
-                store.mark_enqueued(conn, ids, epoch="e", only_from=enqueued, now=now)
+                store.move(conn, ids, TransitionEvent.DEFERRED, now=now)
                 conn.commit()
             for start in range(0, 20_000, 2_000):
                 more = [new_record("order", f"G-{start + n}", now=now) for n in range(2_000)]
@@ -284,7 +275,7 @@ def test_an_id_picked_update_still_uses_the_primary_key_once_the_journal_has_gro
             conn.commit()
         time.sleep(0.6)
         with engine.connect() as conn:  # the same pooled connection, its plans dropped
-            store.mark_enqueued(conn, ids, epoch="e", only_from=enqueued, now=now)
+            store.move(conn, ids, TransitionEvent.DEFERRED, now=now)
             seq_scans, index_scans = conn.exec_driver_sql(
                 "SELECT seq_scan, idx_scan FROM pg_stat_xact_user_tables WHERE relname = 'records'"
             ).one()
@@ -355,18 +346,11 @@ def test_statements_given_many_ids_change_exactly_those_records(harness):
     ids = [r.id for r in news]
     picked = ids[::2]
     with rt.engine.begin() as conn:
-        assert (
-            store.set_status(
-                conn, [], RecordStatus.DEAD, only_from=[RecordStatus.RECEIVED], now=now
-            )
-            == 0
-        )
-        moved = store.set_status(
-            conn, picked, RecordStatus.DEAD, only_from=[RecordStatus.RECEIVED], now=now
-        )
+        assert store.move(conn, [], TransitionEvent.DEFERRED, now=now) == 0
+        moved = store.move(conn, picked, TransitionEvent.DEFERRED, now=now)
         assert moved == len(picked)
         assert set(store.payloads(conn, ids[:3])) == set(ids[:3])
         assert store.payloads(conn, ["no-such-id", "'; DROP TABLE records; --"]) == {}
     statuses = {r.id: r.status for r in harness.records()}
-    assert {i for i, s in statuses.items() if s is RecordStatus.DEAD} == set(picked)
+    assert {i for i, s in statuses.items() if s is RecordStatus.DEFERRED} == set(picked)
     assert {i for i, s in statuses.items() if s is RecordStatus.RECEIVED} == set(ids[1::2])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 from app.journal.models import Record
@@ -27,3 +28,27 @@ NOT_CALLABLE = 42
 def slow(record: Record) -> None:
     """A deliberately slow downstream."""
     time.sleep(0.05)
+
+
+# Where `logged_run` appends one line per run: set by the test for every process it starts.
+RUNS_LOG_VARIABLE = "PIPELINE_TEST_RUNS_LOG"
+
+
+def logged_run(record: Record) -> None:
+    """Sleeps `payload["sleep_s"]` (default 1 s) and logs when each run starts and ends, so
+    a test can tell whether two runs of one record overlapped, whichever process ran them."""
+    path = os.environ[RUNS_LOG_VARIABLE]
+    _log_run(path, f"start {record.id} {time.time():.6f} {os.getpid()}")
+    try:
+        time.sleep(float(record.payload.get("sleep_s", 1)))
+    finally:
+        _log_run(path, f"end {record.id} {time.time():.6f} {os.getpid()}")
+
+
+def _log_run(path: str, line: str) -> None:
+    # One write of a line under O_APPEND: lines of several processes never interleave.
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (line + "\n").encode())
+    finally:
+        os.close(fd)

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from sqlalchemy import update
+
 from app.clock import utcnow
 from app.ids import new_id
 from app.journal import store
-from app.journal.models import RecordStatus, Source
+from app.journal.models import RecordStatus, Source, records
 from app.journal.store import NewRecord
 from app.runtime import Runtime
 
@@ -34,5 +36,10 @@ def journal_records(
                 ),
                 now=now,
             )
-        store.set_status(conn, ids, status, only_from=[RecordStatus.RECEIVED], now=now)
+        force_status(conn, ids, status)
     return ids
+
+
+def force_status(conn: Any, record_ids: list[str], status: RecordStatus) -> None:
+    """Put records in `status` whatever they were: a test's set-up, past every guard."""
+    conn.execute(update(records).where(records.c.id.in_(record_ids)).values(status=status.value))
