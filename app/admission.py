@@ -51,6 +51,16 @@ end
 return {pushed, depth + pushed, epoch}
 """
 
+# KEYS[1]: the queue, KEYS[2]: kombu's hash of delivered, unacked messages. One reply, so
+# that a message moving from the one to the other between two reads is not missed.
+_WAITING_AND_HELD = """
+return {redis.call('LRANGE', KEYS[1], 0, -1), redis.call('HVALS', KEYS[2])}
+"""
+# kombu's Redis transport keeps a worker's delivered, unacked messages in this hash, as
+# `[message, exchange, routing key]` (kombu.transport.redis.Channel.unacked_key).
+UNACKED_KEY = "unacked"
+_BODY = re.compile(rb'"body": ?"([A-Za-z0-9+/=]*)"')
+
 _CURRENT_EPOCH = """
 redis.call('SET', KEYS[1], ARGV[1], 'NX')
 return redis.call('GET', KEYS[1])
@@ -157,6 +167,17 @@ def _delivery_tag() -> str:
     return f"{_tags[1]}-{next(_tags[2])}"
 
 
+def _body_ids(body: bytes) -> list[str]:
+    """The record ids a message's base64 body carries (its task argument: an id, or a list
+    of them); none for a body that is not one of ours."""
+    try:
+        args = json.loads(base64.b64decode(body))[0][0]
+    except (ValueError, TypeError, IndexError, KeyError):
+        return []
+    candidates = args if isinstance(args, list) else [args]
+    return [c for c in candidates if isinstance(c, str)]
+
+
 def batches(record_ids: Sequence[str], size: int) -> list[str | list[str]]:
     """`record_ids` in order, as message arguments: each id alone when `size` is 1, else
     lists of up to `size` ids."""
@@ -172,6 +193,7 @@ class Admission:
         self._client = client
         self._script = client.register_script(_PUSH_BOUNDED)
         self._epoch_script = client.register_script(_CURRENT_EPOCH)
+        self._present_script = client.register_script(_WAITING_AND_HELD)
         self._origin = f"{os.getpid()}@{socket.gethostname()}"
 
     def push(
@@ -200,6 +222,24 @@ class Admission:
             return as_text(self._epoch_script(keys=[EPOCH_KEY], args=[str(uuid.uuid4())]))
         except redis.RedisError as exc:
             raise BrokerUnavailable(f"reading the epoch failed: {exc}") from exc
+
+    def present_ids(self, queue: str) -> set[str]:
+        """The record ids whose messages `queue` holds, waiting or delivered to a worker
+        and not yet acked, read in one step. Raises `BrokerUnavailable`."""
+        try:
+            waiting, held = self._present_script(keys=[queue, UNACKED_KEY])
+        except redis.RedisError as exc:
+            raise BrokerUnavailable(f"reading {queue!r} failed: {exc}") from exc
+        ids: set[str] = set()
+        for raw in waiting:
+            found = _BODY.search(raw)
+            if found is not None:
+                ids.update(_body_ids(found.group(1)))
+        for raw in held:
+            message, _exchange, routing_key = json.loads(raw)
+            if routing_key == queue and isinstance(message, dict):
+                ids.update(_body_ids(str(message.get("body", "")).encode()))
+        return ids
 
     def depth(self, queue: str) -> int:
         """Messages waiting in `queue`. Raises `BrokerUnavailable`."""

@@ -12,10 +12,12 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
+import time
 from collections.abc import Callable, Sequence
 from datetime import datetime
 
 from app.acceptance import Acceptance, accept_many
+from app.errors import JournalUnavailable
 from app.journal.store import NewRecord
 from app.logs import get_logger
 from app.runtime import Runtime
@@ -24,6 +26,9 @@ log = get_logger(__name__)
 
 # The most records one group commits.
 MAX_GROUP = 256
+# Writer threads at most: one, and more only while every one is stuck on a journal that
+# does not answer (a connection a network blackholed hangs until TCP gives it up).
+MAX_WRITERS = 3
 
 Outcome = Acceptance | BaseException
 Reply = Callable[[Outcome], None]
@@ -31,17 +36,29 @@ _Group = list[tuple[NewRecord, Reply]]
 
 
 class GroupAccept:
-    """One process's writer thread of grouped acceptances."""
+    """One process's writer thread of grouped acceptances.
+
+    A request waits at most `timeout_s` for its group: past it, it fails with
+    `JournalUnavailable` (503) and claims nothing, whatever the journal does later. When
+    every writer has been stuck on one group for that long, another writer starts (up to
+    `MAX_WRITERS`), so the requests behind a hung connection are not held by it."""
 
     def __init__(
-        self, rt: Runtime, *, clock: Callable[[], datetime], max_group: int = MAX_GROUP
+        self,
+        rt: Runtime,
+        *,
+        clock: Callable[[], datetime],
+        max_group: int = MAX_GROUP,
+        timeout_s: float = 10.0,
     ) -> None:
         self._rt = rt
         self._clock = clock
         self._max_group = max_group
+        self._timeout_s = timeout_s
         self._queue: queue.SimpleQueue[tuple[NewRecord, Reply] | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
+        self._writers: list[threading.Thread] = []
+        self._busy_since: dict[int, float] = {}  # writer thread id -> start of its group
         self._closed = False
 
     def submit(self, new: NewRecord, reply: Reply) -> None:
@@ -49,13 +66,18 @@ class GroupAccept:
         with self._lock:
             if self._closed:
                 raise RuntimeError("the intake is stopping")
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="group-accept", daemon=True)
-                self._thread.start()
+            if not self._writers:
+                self._start_writer()
         self._queue.put((new, reply))
 
+    def _start_writer(self) -> None:
+        thread = threading.Thread(target=self._run, name="group-accept", daemon=True)
+        self._writers.append(thread)
+        thread.start()
+
     async def accept(self, new: NewRecord) -> Acceptance:
-        """Accept `new` with the others waiting now. Raises what `accept_many` raises."""
+        """Accept `new` with the others waiting now. Raises what `accept_many` raises, and
+        `JournalUnavailable` when its group is not written within `timeout_s`."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Acceptance] = loop.create_future()
 
@@ -63,7 +85,28 @@ class GroupAccept:
             loop.call_soon_threadsafe(_settle, future, outcome)
 
         self.submit(new, reply)
-        return await future
+        try:
+            return await asyncio.wait_for(future, self._timeout_s)
+        except TimeoutError:
+            self._unstick()
+            raise JournalUnavailable(
+                f"the journal did not answer within {self._timeout_s:g} s"
+            ) from None
+
+    def _unstick(self) -> None:
+        """Start one more writer if every writer is stuck on its group."""
+        now = time.monotonic()
+        with self._lock:
+            self._writers = [t for t in self._writers if t.is_alive()]
+            stuck = [s for s in self._busy_since.values() if now - s >= self._timeout_s]
+            if self._closed or len(stuck) < len(self._writers):
+                return
+            if len(self._writers) >= MAX_WRITERS:
+                return
+            log.warning(
+                "journal_writer_stuck", writers=len(self._writers), timeout_s=self._timeout_s
+            )
+            self._start_writer()
 
     def _take_group(self, first: tuple[NewRecord, Reply]) -> _Group:
         group = [first]
@@ -79,9 +122,11 @@ class GroupAccept:
         return group
 
     def _run(self) -> None:
+        me = threading.get_ident()
         while True:
             item = self._queue.get()
             if item is None:
+                self._queue.put(None)  # for the other writers
                 return
             group = self._take_group(item)
             replied = False
@@ -91,6 +136,7 @@ class GroupAccept:
                 _reply_all(group, outcomes)
                 replied = True
 
+            self._busy_since[me] = time.monotonic()
             try:
                 # The requests are answered once their records are committed and pushed,
                 # before they are marked enqueued.
@@ -100,15 +146,19 @@ class GroupAccept:
             except BaseException as exc:  # noqa: BLE001 - every waiting request gets the error
                 if not replied:
                     _reply_all(group, [exc] * len(group))
+            finally:
+                self._busy_since.pop(me, None)
 
     def close(self, *, timeout_s: float = 10.0) -> None:
-        """Finish the groups already submitted, then stop the thread."""
+        """Finish the groups already submitted, then stop the writers."""
         with self._lock:
             self._closed = True
-            thread = self._thread
-        if thread is not None:
+            writers = list(self._writers)
+        if writers:
             self._queue.put(None)
-            thread.join(timeout=timeout_s)
+            deadline = time.monotonic() + timeout_s
+            for thread in writers:
+                thread.join(timeout=max(0.0, deadline - time.monotonic()))
 
 
 def _reply_all(group: _Group, outcomes: Sequence[Outcome]) -> None:

@@ -113,6 +113,8 @@ class Settings(BaseSettings):
     intake_keys: dict[str, SecretStr] = Field(default_factory=dict)
     admin_token: SecretStr | None = None
     max_body_bytes: int = Field(default=DEFAULT_MAX_BODY_BYTES, ge=1024)
+    # A request waits this long at most for the journal to take its record, then gets 503.
+    journal_timeout_seconds: float = Field(default=5, gt=0)
     # Resource limits of each intake process: requests in flight beyond this get 503; a
     # body must arrive within the timeout (408); an idle keep-alive connection is closed.
     intake_max_concurrent_requests: int = Field(default=256, ge=1)
@@ -135,6 +137,10 @@ class Settings(BaseSettings):
     sweep_interval_seconds: float = Field(default=2.0, gt=0)
     # A received record younger than this may still be on its way onto the queue.
     received_grace_seconds: float = Field(default=5.0, ge=0)
+    # A record enqueued this long with no attempt since is checked for its message, every
+    # `lost_check_interval_seconds`; one whose message Redis lost is pushed again.
+    lost_after_seconds: float = Field(default=10, gt=0)
+    lost_check_interval_seconds: float = Field(default=10, gt=0)
     sweep_batch_size: int = Field(default=500, ge=1)
     sweep_max_per_run: int = Field(default=5000, ge=1)
     # `done` records are deleted this many days after they finished (0 keeps them forever).

@@ -95,14 +95,15 @@ def _sweep_line(rt: Runtime, line: Line, *, epoch: str, now: datetime, result: S
         if not claimed:
             return
         budget -= len(claimed)
-        pushed = _push(rt, line, claimed, now=now)
+        pushed = push_claimed(rt, line, claimed, now=now)
         _count(result, line.name, pushed, epoch=epoch)
         if len(pushed) < len(claimed):
             return  # the queue filled up meanwhile
 
 
-def _push(rt: Runtime, line: Line, claimed: list[Record], *, now: datetime) -> list[Record]:
-    """Push `claimed`; put back what was not pushed. Returns the pushed records."""
+def push_claimed(rt: Runtime, line: Line, claimed: list[Record], *, now: datetime) -> list[Record]:
+    """Push records claimed for it (`… → enqueued`, no epoch); put back what was not
+    pushed. Returns the pushed records. Raises `BrokerUnavailable` (all put back)."""
     try:
         outcome = rt.admission.push(
             line.queue,

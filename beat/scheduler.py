@@ -15,6 +15,7 @@ from celery.schedules import schedule
 from app.clock import utcnow
 from app.errors import PipelineError
 from app.logs import get_logger
+from app.lost_messages import recover_lost
 from app.monitor import monitor
 from app.retention import purge
 from app.runtime import Runtime
@@ -28,6 +29,7 @@ log = get_logger(__name__)
 SWEEP_ENTRY = "pipeline.sweep"
 MONITOR_ENTRY = "pipeline.monitor"
 RETENTION_ENTRY = "pipeline.retention"
+LOST_ENTRY = "pipeline.lost_messages"
 
 
 class PipelineScheduler(Scheduler):  # type: ignore[misc]  # Celery ships no type hints
@@ -40,6 +42,7 @@ class PipelineScheduler(Scheduler):  # type: ignore[misc]  # Celery ships no typ
             SWEEP_ENTRY: self._sweep,
             MONITOR_ENTRY: self._monitor,
             RETENTION_ENTRY: self._retention,
+            LOST_ENTRY: self._lost,
         }
         super().__init__(*args, **kwargs)
 
@@ -101,6 +104,10 @@ class PipelineScheduler(Scheduler):  # type: ignore[misc]  # Celery ships no typ
                     "task": RETENTION_ENTRY,
                     "schedule": schedule(timedelta(seconds=settings.retention_interval_seconds)),
                 },
+                LOST_ENTRY: {
+                    "task": LOST_ENTRY,
+                    "schedule": schedule(timedelta(seconds=settings.lost_check_interval_seconds)),
+                },
             }
         )
 
@@ -124,6 +131,9 @@ class PipelineScheduler(Scheduler):  # type: ignore[misc]  # Celery ships no typ
 
     def _retention(self) -> None:
         purge(self.runtime, now=utcnow())
+
+    def _lost(self) -> None:
+        recover_lost(self.runtime, now=utcnow())
 
     def close(self) -> None:
         if self._lock is not None:

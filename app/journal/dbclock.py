@@ -14,7 +14,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Float, literal, text
+from sqlalchemy import Float, literal
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.elements import ColumnElement
@@ -59,11 +59,3 @@ def db_time(given: Any, offset_s: Any = 0.0) -> ColumnElement[datetime]:
 def db_time_at(now: datetime, offset_s: float) -> ColumnElement[datetime]:
     """`db_time` of `now + offset_s` seconds."""
     return db_time(now + timedelta(seconds=offset_s), offset_s)
-
-
-def read_now(conn: Connection, now: datetime) -> datetime:
-    """The database's time: `now` on SQLite (the caller's clock is the database's)."""
-    if conn.dialect.name != "postgresql":
-        return now
-    value: datetime = conn.execute(text("SELECT now()")).scalar_one()
-    return value

@@ -113,6 +113,8 @@ records = Table(
     Index(None, "line", "status", "id"),
     Index(None, "business_no"),
     Index(None, "created_at"),
+    # The sweeper's leases that expired without an outcome: only records in flight have one.
+    Index(None, "lease_expires_at"),
 )
 
 

@@ -4,6 +4,7 @@ late or duplicate delivery cannot move a finished record (DESIGN §4)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -31,7 +32,7 @@ from sqlalchemy.sql.functions import FunctionElement
 from app.journal.dbclock import db_time, db_time_at
 from app.journal.guards import guard
 from app.journal.models import UNFINISHED, Record, RecordStatus, Source, records, replays
-from app.journal.transitions import TRANSITIONS, Event
+from app.journal.transitions import TRANSITIONS, Event, sources
 
 
 class _Unindexed(FunctionElement[str]):
@@ -350,7 +351,9 @@ def claim_due(
     are locked (`FOR UPDATE SKIP LOCKED` on PostgreSQL; SQLite serialises writers) and
     every update is guarded by the status it was read in."""
     lease_expired = and_(
-        records.c.lease_expires_at.is_not(None), records.c.lease_expires_at <= db_time(now)
+        records.c.lease_expires_at.is_not(None),
+        records.c.lease_expires_at <= db_time(now),
+        records.c.status.in_(sources(Event.ATTEMPT)),
     )
     due = or_(
         and_(
@@ -384,6 +387,55 @@ def claim_due(
     found = [Record.from_row(row) for row in conn.execute(query)]
     claimed = set(claim_as_enqueued(conn, found, Event.SWEPT, now=now))
     return [record for record in found if record.id in claimed]
+
+
+def _unrun_since(epoch: str, *, now: datetime, quiet_s: float) -> list[ColumnElement[bool]]:
+    """An `enqueued` record pushed in `epoch`, unchanged for `quiet_s`, whose message no
+    attempt has taken since (no lease, live or expired): its message should be waiting."""
+    return [
+        records.c.status == RecordStatus.ENQUEUED.value,
+        records.c.queue_epoch == epoch,
+        records.c.lease_expires_at.is_(None),
+        records.c.updated_at < db_time_at(now, -quiet_s),
+    ]
+
+
+def waiting_suspects(
+    conn: Connection, *, line: str, epoch: str, now: datetime, quiet_s: float, limit: int
+) -> list[str]:
+    """Ids, oldest first, of `line`'s records whose message should be on its queue and has
+    been for `quiet_s` (`_unrun_since`): those whose message a partial loss of Redis may
+    have taken. Empty when nothing has waited that long (no queue needs reading)."""
+    query = (
+        select(records.c.id)
+        .where(records.c.line == line, *_unrun_since(epoch, now=now, quiet_s=quiet_s))
+        .order_by(records.c.id)
+        .limit(limit)
+    )
+    return list(conn.execute(query).scalars())
+
+
+def claim_lost(
+    conn: Connection, record_ids: Sequence[str], *, epoch: str, now: datetime, quiet_s: float
+) -> list[Record]:
+    """Claim, to push them again, the records of `record_ids` whose message is gone from
+    Redis (the caller looked), if they are still as `waiting_suspects` found them: no
+    attempt took them meanwhile. They keep `enqueued`, with no epoch until pushed.
+    Returns them as they were."""
+    if not record_ids:
+        return []
+    terms = [among(conn, records.c.id, record_ids), *_unrun_since(epoch, now=now, quiet_s=quiet_s)]
+    found = [
+        Record.from_row(row)
+        for row in conn.execute(
+            update(records)
+            .where(*terms)
+            .values(queue_epoch=None, updated_at=now)
+            .returning(*records.c)
+        )
+    ]
+    # As they were before the claim: `put_back` returns them there if the push fails.
+    return [dataclasses.replace(r, queue_epoch=epoch) for r in found]
 
 
 def claim_as_enqueued(

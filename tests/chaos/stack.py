@@ -178,9 +178,13 @@ class ChaosStack:
 
     # The ledger.
 
-    def check(self, *, timeout_s: float = 180) -> dict[str, int]:
+    def check(self, *, timeout_s: float = 180, repeats_allowed: bool = False) -> dict[str, int]:
         """Every accepted record done; every refund delivered; one table row per
-        business_no, at the newest status. Returns the figures."""
+        business_no, at the newest status; no two deliveries of a refund under one attempt,
+        and a later delivery always from a later attempt (never two at once). A refund
+        delivered more than once is allowed only with `repeats_allowed` (a worker killed
+        while it held the record, or an outcome the journal could not take); the ledger
+        names those records. Returns the figures."""
         accepted = list(self.ledger.accepted)
         ids = {a.record_id for a in accepted}
         assert len(ids) == len(accepted), "two answers named the same record"
@@ -189,13 +193,16 @@ class ChaosStack:
         assert not not_done, f"{len(not_done)} accepted records did not end done"
 
         refunds = {a.record_id for a in accepted if a.line == "refund"}
-        deliveries = [
-            r.body["id"]
-            for r in self.recorder.snapshot()
-            if r.path == "/refunds" and r.answered < 300
-        ]
-        delivered = set(deliveries)
-        lost = refunds - delivered
+        attempts_of: dict[str, list[int]] = {}
+        for r in self.recorder.snapshot():  # in the order they arrived
+            if r.path == "/refunds" and r.answered < 300:
+                attempts_of.setdefault(r.body["id"], []).append(int(r.headers["X-Attempt"]))
+        deliveries = sum(len(found) for found in attempts_of.values())
+        lost = refunds - set(attempts_of)
+        repeated = {i: found for i, found in attempts_of.items() if len(found) > 1}
+        # Each attempt holds the record's lease until its outcome: a later delivery from
+        # an earlier (or the same) attempt would be two deliveries at once.
+        at_once = {i: found for i, found in repeated.items() if found != sorted(set(found))}
 
         orders = {a.business_no: a.record_id for a in accepted if a.line == "order"}
         rows = self.harness.rows("SELECT business_no, record_id FROM orders")
@@ -218,9 +225,17 @@ class ChaosStack:
             "accepted": len(accepted),
             "done": len(final) - len(not_done),
             "lost": len(lost),
-            "duplicate_deliveries": len(deliveries) - len(delivered),
+            "duplicate_deliveries": deliveries - len(attempts_of),
+            "records_delivered_twice_at_once": len(at_once),
             "client_retries": self.ledger.retries,
         }
         print(f"\nledger: {figures}")
+        if repeated:
+            # Which records, and from which attempts: each repeat is an attempt whose
+            # outcome was never recorded (its worker was killed, or the journal was down).
+            print(f"ledger: delivered more than once (record: attempts): {repeated}")
         assert not lost, f"lost: {sorted(lost)[:10]}"
+        assert not at_once, f"delivered twice at once (record: attempts): {at_once}"
+        if not repeats_allowed:
+            assert not repeated, f"delivered more than once (record: attempts): {repeated}"
         return figures

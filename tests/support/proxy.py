@@ -1,6 +1,8 @@
 """A TCP proxy of the tests' own, on 127.0.0.1, that mistreats idle connections the way
 sidecars, NATs and load balancers do: `drop` stops forwarding a connection idle for more
-than `idle_s` and sends nothing (the peer is never told), `close` closes it."""
+than `idle_s` and sends nothing (the peer is never told), `close` closes it. `blackhole()`
+does to every connection, and every new one, what `drop` does to an idle one, until
+`heal()` closes those it swallowed."""
 
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ class IdleProxy:
     port: int = 0
     dropped: int = 0
     pairs: list[_Pair] = field(default_factory=list)
+    holed: bool = False
 
     def start(self) -> IdleProxy:
         self.loop = asyncio.new_event_loop()
@@ -49,6 +52,13 @@ class IdleProxy:
         self.loop.run_forever()
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.holed:  # accepted, and never answered
+            pair = _Pair(last_s=time.monotonic(), writers=(writer, writer), dead=True)
+            self.pairs.append(pair)
+            with contextlib.suppress(OSError, asyncio.CancelledError):
+                while await reader.read(65536):
+                    pass
+            return
         try:
             up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream_port)
         except OSError:
@@ -87,6 +97,28 @@ class IdleProxy:
                     for writer in pair.writers:
                         with contextlib.suppress(OSError):
                             writer.close()
+
+    def blackhole(self) -> None:
+        """From now on nothing passes, on open connections or new ones; no peer is told."""
+        self.loop.call_soon_threadsafe(self._blackhole)
+
+    def _blackhole(self) -> None:
+        self.holed = True
+        for pair in self.pairs:
+            pair.dead = True
+
+    def heal(self) -> None:
+        """New connections pass again; those swallowed are closed, so their peers see the
+        connection end (as they would once TCP gave up on it)."""
+        asyncio.run_coroutine_threadsafe(self._heal(), self.loop).result(timeout=10)
+
+    async def _heal(self) -> None:
+        self.holed = False
+        for pair in self.pairs:
+            if pair.dead:
+                for writer in pair.writers:
+                    with contextlib.suppress(OSError):
+                        writer.close()
 
     async def _shutdown(self) -> None:
         self.server.close()

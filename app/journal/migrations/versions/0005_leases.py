@@ -22,9 +22,11 @@ def upgrade() -> None:
     op.add_column(
         "records", sa.Column("lease_expires_at", sa.DateTime(timezone=True), nullable=True)
     )
+    op.create_index("ix_records_lease_expires_at", "records", ["lease_expires_at"])
 
 
 def downgrade() -> None:
+    op.drop_index("ix_records_lease_expires_at", table_name="records")
     with op.batch_alter_table("records") as batch:
         batch.drop_column("lease_expires_at")
         batch.drop_column("lease_owner")

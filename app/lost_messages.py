@@ -1,0 +1,89 @@
+"""Messages Redis lost in part: found by looking, pushed again.
+
+The epoch (`app.admission`) tells when Redis lost everything. A partial loss leaves the
+epoch: a failover to a replica that lagged, the last second of an append-only file, a
+message acked by a hard time limit, a single message removed by hand. Run by the active
+beat every `lost_check_interval_seconds`: per line, the records whose message should be
+waiting (enqueued in this epoch, no attempt since, unchanged for `lost_after_seconds`)
+are compared with what the line's queue and kombu's unacked messages hold, read in one
+step; those whose message is in neither are claimed, if no attempt took them meanwhile,
+and pushed again. Redis is read only when some record has waited that long.
+
+A record whose message was being taken by a worker at the moment of the read (between
+kombu's fetch and its bookkeeping) may be pushed twice: its second message finds it in
+flight or done, and runs nothing."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy.exc import SQLAlchemyError
+
+from app.errors import BrokerUnavailable, JournalUnavailable
+from app.journal import store
+from app.lines import Line
+from app.logs import get_logger
+from app.runtime import Runtime
+from app.sweeper import push_claimed
+from app.telemetry import Counter
+from app.webhooks import Event
+
+log = get_logger(__name__)
+
+# The most suspects one line's check looks at: the oldest first.
+MAX_SUSPECTS = 20_000
+
+
+def recover_lost(rt: Runtime, *, now: datetime) -> dict[str, int]:
+    """Push again, per line, the records whose message Redis lost. Returns how many per
+    line. Raises `JournalUnavailable`; a Redis that does not answer ends the check (the
+    next one tries again)."""
+    recovered: dict[str, int] = {}
+    try:
+        epoch = rt.admission.epoch()
+        for line in rt.lines:
+            count = _recover_line(rt, line, epoch=epoch, now=now)
+            if count:
+                recovered[line.name] = count
+    except BrokerUnavailable as exc:
+        log.warning("lost_check_broker_down", error=str(exc))
+    except SQLAlchemyError as exc:
+        raise JournalUnavailable(f"lost-message check failed: {type(exc).__name__}") from exc
+    for line_name, count in recovered.items():
+        rt.telemetry.count(Counter.SWEEP_RECOVERED, count, line=line_name)
+        rt.alerts.raise_event(
+            Event.RECOVERED,
+            line=line_name,
+            message=f"{count} messages of {line_name!r} were missing from Redis and were "
+            "pushed again",
+            count_recovered=count,
+            partial=True,
+        )
+    return recovered
+
+
+def _recover_line(rt: Runtime, line: Line, *, epoch: str, now: datetime) -> int:
+    quiet_s = rt.settings.lost_after_seconds
+    with rt.engine.connect() as conn:
+        suspects = store.waiting_suspects(
+            conn, line=line.name, epoch=epoch, now=now, quiet_s=quiet_s, limit=MAX_SUSPECTS
+        )
+    if not suspects:
+        return 0
+    present = rt.admission.present_ids(line.queue)
+    missing = [record_id for record_id in suspects if record_id not in present]
+    if not missing:
+        return 0
+    with rt.engine.begin() as conn:
+        claimed = store.claim_lost(conn, missing, epoch=epoch, now=now, quiet_s=quiet_s)
+    if not claimed:
+        return 0
+    pushed = push_claimed(rt, line, claimed, now=now)
+    log.warning(
+        "lost_messages_pushed_again",
+        line=line.name,
+        missing=len(missing),
+        pushed=len(pushed),
+        first_id=claimed[0].id,
+    )
+    return len(pushed)
