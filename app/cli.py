@@ -258,7 +258,10 @@ def replay(
     ] = None,
     status: Annotated[
         list[RecordStatus] | None,
-        typer.Option(help="Repeat for several; default: every status but done."),
+        typer.Option(
+            help="Repeat for several; default: every status but done and rejected "
+            "(name rejected to replay those)."
+        ),
     ] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Count, change nothing.")] = False,
 ) -> None:

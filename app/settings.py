@@ -51,6 +51,8 @@ class Overflow(StrEnum):
 # final answer; a 5xx is the downstream failing, never its acceptance).
 _DELIVERED_CODE = re.compile(r"^[2-4][0-9][0-9]$")
 SUCCESS_CLASS = "2xx"
+# The placeholder a line's `check_url` must hold: replay asks downstream per record id.
+CHECK_URL_ID = "{id}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -108,10 +110,22 @@ class LineSettings(BaseModel):
     delivered_statuses: str = SUCCESS_CLASS
     # A downstream that has not answered within this is a failed attempt, retried later.
     delivery_timeout_s: float = Field(default=10.0, gt=0)
-    # Replay asks it whether downstream has a business number: 200 yes, 404 no.
-    check_url: str | None = Field(default=None, pattern=r"^https?://\S*\{business_no\}\S*$")
+    # Replay asks it whether downstream has a record, named by `{id}` (the Idempotency-Key
+    # the HTTP sink sends): 200 yes, 404 no. Not by business number alone: a second record
+    # of one business number is not the first.
+    check_url: str | None = Field(default=None, pattern=r"^https?://\S+$")
     handler: str | None = None
     payload_schema: str = "app.payloads:Payload"
+
+    @field_validator("check_url")
+    @classmethod
+    def _check_url_names_the_record(cls, value: str | None) -> str | None:
+        if value is not None and CHECK_URL_ID not in value:
+            raise ValueError(
+                f"must name the record by {CHECK_URL_ID} (the record id), e.g. "
+                f"http://host/records/{CHECK_URL_ID}; {{business_no}} may appear as well"
+            )
+        return value
 
     @field_validator("delivered_statuses")
     @classmethod

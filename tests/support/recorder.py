@@ -212,3 +212,19 @@ class StillProcessing(_SmallServer):
     def stop(self) -> None:
         self.stopping.set()
         super().stop()
+
+
+class KnownIds(_SmallServer):
+    """A downstream's check endpoint: GET `/records/<id>` is 200 for the ids it has and
+    404 for any other."""
+
+    def __init__(self, known: set[str]) -> None:
+        super().__init__()
+        self.known = set(known)
+
+    def answer(self, method: str, received: Received) -> int:
+        prefix = "/records/"
+        if method != "GET" or not received.path.startswith(prefix):
+            return 404
+        record_id = urllib.parse.unquote(received.path[len(prefix) :])
+        return 200 if record_id in self.known else 404
