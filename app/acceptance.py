@@ -1,7 +1,7 @@
 """Accepting a unit of work: journal it first, then admit it onto its line's queue.
 
-The one path for intake requests (and, later, scheduled fires): the journal row is
-committed before anything is pushed, so a 2xx always means the record is durable."""
+The one path for intake requests and scheduled fires: the journal row is committed before
+anything is pushed, so a 2xx always means the record is durable."""
 
 from __future__ import annotations
 
@@ -38,12 +38,21 @@ class Acceptance:
     caller_runs: bool = False
 
 
-def accept(rt: Runtime, new: NewRecord, *, clock: Callable[[], datetime]) -> Acceptance:
+def accept(
+    rt: Runtime,
+    new: NewRecord,
+    *,
+    clock: Callable[[], datetime],
+    overflow: Overflow | None = None,
+) -> Acceptance:
     """Journal `new` (unless its dedup key is known) and push it onto its queue.
+
+    `overflow` replaces the line's policy for a full queue (a scheduled fire defers: no
+    caller is there to send it again, or to run it).
 
     Raises `JournalUnavailable` if the record could not be committed; a Redis failure
     leaves the record `received` for the sweeper and is not an error."""
-    return accept_many(rt, [new], clock=clock)[0]
+    return accept_many(rt, [new], clock=clock, overflow=overflow)[0]
 
 
 def accept_many(
@@ -52,6 +61,7 @@ def accept_many(
     *,
     clock: Callable[[], datetime],
     on_admitted: Callable[[list[Acceptance]], None] | None = None,
+    overflow: Overflow | None = None,
 ) -> list[Acceptance]:
     """`accept` for several records at once: their journal rows are committed in one
     transaction, then each line's records go onto its queue in one push (in order, while
@@ -60,6 +70,8 @@ def accept_many(
     `on_admitted` gets the outcomes as soon as they are known, before that last
     transaction: each record is then committed and on its queue (or its overflow handled),
     and marking it `enqueued` is bookkeeping that loses nothing when it fails.
+
+    `overflow`, when given, is the policy for a full queue instead of each line's own.
 
     Raises `JournalUnavailable` (for all of them) if the rows could not be committed."""
     try:
@@ -91,7 +103,11 @@ def accept_many(
             first_id=admitted[0].id,
             last_id=admitted[-1].id,
         )
-        for i, outcome in zip(indexes, _admit(rt, line, admitted, enqueued, clock), strict=True):
+        policy = overflow if overflow is not None else line.settings.overflow
+        admitted_outcomes = _admit(
+            rt, line, admitted, enqueued=enqueued, clock=clock, policy=policy
+        )
+        for i, outcome in zip(indexes, admitted_outcomes, strict=True):
             results[i] = outcome
     outcomes = [result for result in results if result is not None]
     if on_admitted is not None:
@@ -104,11 +120,13 @@ def _admit(
     rt: Runtime,
     line: Line,
     admitted: list[Record],
+    *,
     enqueued: dict[str, list[str]],
     clock: Callable[[], datetime],
+    policy: Overflow,
 ) -> list[Acceptance]:
-    """Push `admitted` onto `line`'s queue; the overflow follows the line's policy. Adds
-    the ids pushed to `enqueued` under their epoch."""
+    """Push `admitted` onto `line`'s queue; the overflow follows `policy`. Adds the ids
+    pushed to `enqueued` under their epoch."""
     try:
         pushed = rt.admission.push(
             line.queue,
@@ -122,7 +140,6 @@ def _admit(
     on_queue, overflow = admitted[: pushed.pushed], admitted[pushed.pushed :]
     enqueued.setdefault(pushed.epoch, []).extend(r.id for r in on_queue)
     outcomes = [Acceptance(record=r, status=RecordStatus.ENQUEUED, created=True) for r in on_queue]
-    policy = line.settings.overflow
     for _record in overflow:
         rt.alerts.raise_event(
             Event.QUEUE_FULL,

@@ -63,9 +63,11 @@ def intake(
 
     from app.intake.asgi import tune_gc  # noqa: PLC0415
     from app.intake.main import create_app  # noqa: PLC0415
+    from app.journal.engine import refuse_unsafe_journal  # noqa: PLC0415
 
     settings = _settings()
     app = create_app(settings)
+    refuse_unsafe_journal(settings.database_url)
     tune_gc()
     bind = host or settings.intake_host
     if settings.dev_mode:
@@ -107,10 +109,12 @@ def worker(
 ) -> None:
     """Run the Celery worker of one line."""
     from app.celery_app import create_celery  # noqa: PLC0415
+    from app.journal.engine import refuse_unsafe_journal  # noqa: PLC0415
     from app.lines import LineRegistry  # noqa: PLC0415
 
     settings = _settings()
     spec = LineRegistry.from_settings(settings).get(line)
+    refuse_unsafe_journal(settings.database_url)
     celery = create_celery(settings)
     celery.worker_main(
         [
@@ -135,10 +139,12 @@ def worker(
 def beat() -> None:
     """Run Celery beat with the pipeline's scheduler (the sweeper runs inside it)."""
     from app.celery_app import BEAT_SCHEDULER, create_celery  # noqa: PLC0415
+    from app.journal.engine import refuse_unsafe_journal  # noqa: PLC0415
     from app.lines import LineRegistry  # noqa: PLC0415
 
     settings = _settings()
     LineRegistry.from_settings(settings)
+    refuse_unsafe_journal(settings.database_url)
     create_celery(settings).start(
         ["beat", "--scheduler", BEAT_SCHEDULER, "--loglevel", settings.log_level]
     )
@@ -252,7 +258,10 @@ def replay(
     ] = None,
     status: Annotated[
         list[RecordStatus] | None,
-        typer.Option(help="Repeat for several; default: every status but done."),
+        typer.Option(
+            help="Repeat for several; default: every status but done and rejected "
+            "(name rejected to replay those)."
+        ),
     ] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Count, change nothing.")] = False,
 ) -> None:

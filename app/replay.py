@@ -1,7 +1,10 @@
 """Replay (DESIGN §7, §9): put journal records back on their queues, by line, time range,
 business numbers and statuses, skipping those already `done` and those downstream already
 has. Streams through the journal in keyset pages (flat memory), respects each line's bound
-(what does not fit is `deferred` for the sweeper), and leaves an audit row."""
+(what does not fit is `deferred` for the sweeper), and leaves an audit row.
+
+`rejected` records are replayed only when asked for by status: their caller was answered
+429 and may have sent them again, as a new record."""
 
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ from app.journal.transitions import Event as TransitionEvent
 from app.lines import Line
 from app.logs import get_logger
 from app.runtime import Runtime
+from app.settings import CHECK_URL_ID
 from app.sinks import newest_statuses, payload_occurred_at, stored_rows
 from app.webhooks import Event
 
@@ -31,8 +35,8 @@ log = get_logger(__name__)
 PAGE_SIZE = 1000
 # Where a replayed record ends up: done (downstream has it), enqueued, deferred (full).
 _REPLAY_MOVES_TO = (RecordStatus.DONE, RecordStatus.ENQUEUED, RecordStatus.DEFERRED)
-# By default replay takes everything that is not done.
-DEFAULT_STATUSES = (*UNFINISHED, RecordStatus.DEAD, RecordStatus.REJECTED)
+# By default replay takes everything that is neither done nor rejected.
+DEFAULT_STATUSES = (*UNFINISHED, RecordStatus.DEAD)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -213,7 +217,7 @@ def _downstream_has(rt: Runtime, line: Line, batch: list[RecordKey]) -> set[str]
         return set()  # a custom handler has no way to tell: replay it (it is idempotent)
     if line.settings.downstream_url:
         template = line.settings.check_url
-        return {r.id for r in batch if template and _http_has(rt.http, template, r.business_no)}
+        return {r.id for r in batch if template and _http_has(rt.http, template, r)}
     business_nos = list({r.business_no for r in batch})
     with rt.engine.connect() as conn:
         if line.name == "status":
@@ -237,8 +241,11 @@ def _downstream_has(rt: Runtime, line: Line, batch: list[RecordKey]) -> set[str]
     }
 
 
-def _http_has(client: httpx.Client, template: str, business_no: str) -> bool:
-    url = template.replace("{business_no}", urllib.parse.quote(business_no, safe=""))
+def _http_has(client: httpx.Client, template: str, record: RecordKey) -> bool:
+    """Whether the line's check URL says downstream has `record`, asked by its id."""
+    url = template.replace(CHECK_URL_ID, urllib.parse.quote(record.id, safe="")).replace(
+        "{business_no}", urllib.parse.quote(record.business_no, safe="")
+    )
     try:
         return client.get(url).status_code == 200
     except httpx.HTTPError:

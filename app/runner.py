@@ -51,7 +51,13 @@ def _deliver(rt: Runtime, record: Record, owner: str, clock: Callable[[], dateti
     if line.handler is not None:
         line.handler(record)
     elif line.settings.downstream_url:
-        deliver_http(rt.http, line.settings.downstream_url, record)
+        deliver_http(
+            rt.http,
+            record,
+            url=line.settings.downstream_url,
+            delivered=line.settings.delivered,
+            timeout_s=line.settings.delivery_timeout_s,
+        )
     else:
         with rt.engine.begin() as conn:
             return _write_table_sink(conn, record, owner, clock())

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,45 @@ class Overflow(StrEnum):
     REJECT = "reject"
 
 
+# A delivered status: the class `2xx`, or one exact code of 200-499 (a 1xx is never the
+# final answer; a 5xx is the downstream failing, never its acceptance).
+_DELIVERED_CODE = re.compile(r"^[2-4][0-9][0-9]$")
+SUCCESS_CLASS = "2xx"
+# The placeholder a line's `check_url` must hold: replay asks downstream per record id.
+CHECK_URL_ID = "{id}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeliveredStatuses:
+    """Which HTTP answers of a downstream mean it has the record: `status_code in it`."""
+
+    success: bool
+    codes: frozenset[int]
+
+    @classmethod
+    def parse(cls, value: str) -> DeliveredStatuses:
+        """`2xx` and/or exact codes, comma-separated. Raises `ValueError`."""
+        parts = [part.strip().lower() for part in value.split(",")]
+        for part in parts:
+            if part != SUCCESS_CLASS and not _DELIVERED_CODE.match(part):
+                raise ValueError(
+                    f"{part!r} is not 2xx or a status code of 200-499 "
+                    "(a comma-separated list such as 2xx,409)"
+                )
+        return cls(
+            success=SUCCESS_CLASS in parts,
+            codes=frozenset(int(part) for part in parts if part != SUCCESS_CLASS),
+        )
+
+    def __contains__(self, status_code: object) -> bool:
+        if not isinstance(status_code, int):
+            return False
+        return (self.success and 200 <= status_code < 300) or status_code in self.codes
+
+    def __str__(self) -> str:
+        return ",".join([SUCCESS_CLASS] * self.success + [str(c) for c in sorted(self.codes)])
+
+
 class LineSettings(BaseModel):
     """One business line's settings (DESIGN §3)."""
 
@@ -64,10 +104,38 @@ class LineSettings(BaseModel):
     backoff_initial_s: float = Field(default=2.0, gt=0)
     backoff_max_s: float = Field(default=600.0, gt=0)
     downstream_url: str | None = Field(default=None, pattern=r"^https?://\S+$")
-    # Replay asks it whether downstream has a business number: 200 yes, 404 no.
-    check_url: str | None = Field(default=None, pattern=r"^https?://\S*\{business_no\}\S*$")
+    # The HTTP sink's answers that count as delivered; any other is a failed attempt. Not
+    # 409 by default: some downstreams answer it for a key whose first request they are
+    # still processing, and that processing may still fail.
+    delivered_statuses: str = SUCCESS_CLASS
+    # A downstream that has not answered within this is a failed attempt, retried later.
+    delivery_timeout_s: float = Field(default=10.0, gt=0)
+    # Replay asks it whether downstream has a record, named by `{id}` (the Idempotency-Key
+    # the HTTP sink sends): 200 yes, 404 no. Not by business number alone: a second record
+    # of one business number is not the first.
+    check_url: str | None = Field(default=None, pattern=r"^https?://\S+$")
     handler: str | None = None
     payload_schema: str = "app.payloads:Payload"
+
+    @field_validator("check_url")
+    @classmethod
+    def _check_url_names_the_record(cls, value: str | None) -> str | None:
+        if value is not None and CHECK_URL_ID not in value:
+            raise ValueError(
+                f"must name the record by {CHECK_URL_ID} (the record id), e.g. "
+                f"http://host/records/{CHECK_URL_ID}; {{business_no}} may appear as well"
+            )
+        return value
+
+    @field_validator("delivered_statuses")
+    @classmethod
+    def _delivered_statuses(cls, value: str) -> str:
+        return str(DeliveredStatuses.parse(value))
+
+    @property
+    def delivered(self) -> DeliveredStatuses:
+        """`delivered_statuses`, parsed."""
+        return DeliveredStatuses.parse(self.delivered_statuses)
 
 
 class WebhookKind(StrEnum):

@@ -2,8 +2,10 @@
 
 - Table sink: upserts by (line, business_no) in the journal's database, in the same
   transaction that marks the record done. `order_status` keeps the newest `occurred_at`.
-- HTTP sink: POSTs `{id, line, business_no, payload}` with `Idempotency-Key: <id>`;
-  2xx or 409 is delivered, anything else (or a timeout) is a failed attempt."""
+- HTTP sink: POSTs `{id, line, business_no, payload}` with `Idempotency-Key: <id>` and
+  `X-Attempt: <attempt number>`;
+  an answer among the line's `delivered_statuses` (2xx by default) is delivered, anything
+  else (or no answer within the line's `delivery_timeout_s`) is a failed attempt."""
 
 from __future__ import annotations
 
@@ -19,9 +21,11 @@ from sqlalchemy.dialects import postgresql, sqlite
 from app.errors import DeliveryFailed
 from app.journal.models import Record, order_status, orders, refunds, sink_rows
 from app.journal.store import among
+from app.settings import DeliveredStatuses
 
 KEYED_TABLES: dict[str, Table] = {"order": orders, "refund": refunds}
-# A downstream that has not answered within this is a failed attempt, retried later.
+# The shared client's timeout, for what names none of its own (replay's check URL); the
+# HTTP sink's POST takes its line's `delivery_timeout_s`.
 HTTP_TIMEOUT_S = 10.0
 
 
@@ -102,8 +106,18 @@ def _sink_row(record: Record, now: datetime) -> tuple[Table, dict[str, Any]]:
     return table, values
 
 
-def deliver_http(client: httpx.Client, url: str, record: Record) -> None:
-    """POST `record` to `url`. Raises `DeliveryFailed` unless the answer is 2xx or 409."""
+def deliver_http(
+    client: httpx.Client,
+    record: Record,
+    *,
+    url: str,
+    delivered: DeliveredStatuses,
+    timeout_s: float,
+) -> None:
+    """POST `record` to `url`, with `Idempotency-Key: <id>` and `X-Attempt: <attempt
+    number>` (a downstream sees a repeat as a later attempt). Raises `DeliveryFailed`
+    unless the answer's status code is in `delivered`, or when none came within
+    `timeout_s` (per phase: connect, send, read)."""
     body = {
         "id": record.id,
         "line": record.line,
@@ -112,11 +126,15 @@ def deliver_http(client: httpx.Client, url: str, record: Record) -> None:
     }
     shown = redact_url(url)
     try:
-        response = client.post(url, json=body, headers={"Idempotency-Key": record.id})
+        response = client.post(url, json=body, headers=_headers(record), timeout=timeout_s)
     except httpx.HTTPError as exc:
         raise DeliveryFailed(f"POST {shown}: {type(exc).__name__}") from exc
-    if not (response.is_success or response.status_code == 409):
+    if response.status_code not in delivered:
         raise DeliveryFailed(f"POST {shown}: HTTP {response.status_code}")
+
+
+def _headers(record: Record) -> dict[str, str]:
+    return {"Idempotency-Key": record.id, "X-Attempt": str(record.attempts)}
 
 
 def redact_url(url: str) -> str:

@@ -18,6 +18,7 @@ from app.journal.store import NewRecord
 from app.logs import get_logger
 from app.runtime import Runtime
 from app.schedules import Schedule, fire_payload, list_all, record_fired
+from app.settings import Overflow
 
 log = get_logger(__name__)
 
@@ -68,7 +69,9 @@ def _fire_schedule(rt: Runtime, schedule: Schedule, *, now: datetime) -> int:
             body_sha256=body_digest(repr(sorted(payload.items())).encode()),
             payload=payload,
         )
-        result = accept(rt, new, clock=lambda: now)
+        # Deferred when the line is full, whatever its policy: no caller is there to send a
+        # rejected fire again, and beat runs no handler (caller_runs); the sweeper pushes it.
+        result = accept(rt, new, clock=lambda: now, overflow=Overflow.DEFER)
         if result.created:
             created += 1
             log.info("schedule_fired", schedule=schedule.name, fire=fire.isoformat())

@@ -1,4 +1,10 @@
-"""`make_engine(url)`: the journal's engine, SQLite in WAL mode or PostgreSQL (psycopg 3)."""
+"""`make_engine(url)`: the journal's engine, SQLite in WAL mode or PostgreSQL (psycopg 3).
+
+Every journal connection commits durably: a commit the intake answered 202 for survives an
+OS crash or a power cut. SQLite runs in WAL with `synchronous=FULL` (NORMAL may roll the
+last commits back after a power cut) and a database that cannot be WAL is refused;
+PostgreSQL sessions pin `synchronous_commit=on`, whatever the server, database or role
+default says."""
 
 from __future__ import annotations
 
@@ -7,8 +13,9 @@ from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import DisconnectionError
+from sqlalchemy.exc import DisconnectionError, SQLAlchemyError
 
+from app.errors import ConfigError
 from app.journal.sqlite_checkpoints import AUTOCHECKPOINT_OFF, Checkpointer
 from app.journal.sqlite_writers import WriterTurnConnection, begin_in_turn, lock_path_for
 
@@ -21,6 +28,26 @@ PG_CONNECT_TIMEOUT_S = 5
 PING_AFTER_IDLE_S = 1.0
 # How long a PostgreSQL connection keeps the plans it has cached before they are made anew.
 REPLAN_AFTER_S = 5.0
+# Pinned for every PostgreSQL journal session: a commit returns once it is on disk (a
+# server, database or role default of `off` would lose the last commits in a crash); a
+# statement, or a wait for a lock, that takes longer is cancelled by the server, so a
+# stuck statement fails as a journal error (503) instead of holding its caller.
+PG_STATEMENT_TIMEOUT_MS = 15_000
+PG_LOCK_TIMEOUT_MS = 5_000
+PG_DURABLE_OPTION = (
+    f"-c synchronous_commit=on -c statement_timeout={PG_STATEMENT_TIMEOUT_MS} "
+    f"-c lock_timeout={PG_LOCK_TIMEOUT_MS}"
+)
+# A connection whose peer vanished (a host gone, a network that drops everything) is given
+# up by TCP: an idle one after 5 + 3 x 2 s of unanswered keepalives, a busy one when data
+# it sent stays unacknowledged for 10 s (libpq's tcp_user_timeout, Linux).
+PG_KEEPALIVES: dict[str, int] = {
+    "keepalives": 1,
+    "keepalives_idle": 5,
+    "keepalives_interval": 2,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 10_000,
+}
 
 
 def make_engine(url: str, *, pool_size: int = 5) -> Engine:
@@ -48,6 +75,11 @@ def make_engine(url: str, *, pool_size: int = 5) -> Engine:
     postgresql = parsed.get_backend_name() == "postgresql"
     if postgresql:
         connect_args["connect_timeout"] = PG_CONNECT_TIMEOUT_S
+        connect_args |= PG_KEEPALIVES
+        # connect_args replace the URL's own `options`: keep those, ours last so it wins.
+        given = parsed.query.get("options")
+        given_options = " ".join(given) if isinstance(given, tuple) else given
+        connect_args["options"] = " ".join(filter(None, [given_options, PG_DURABLE_OPTION]))
     engine = create_engine(
         url,
         pool_size=pool_size,
@@ -117,8 +149,19 @@ def _sqlite_engine(url: str) -> Engine:
         dbapi_connection.isolation_level = None
         dbapi_connection.lock_path = lock_path
         cursor = dbapi_connection.cursor()
-        cursor.execute("PRAGMA journal_mode=WAL")
-        cursor.execute("PRAGMA synchronous=NORMAL")
+        mode = cursor.execute("PRAGMA journal_mode=WAL").fetchone()
+        if mode is None or str(mode[0]).lower() != "wal":
+            # Any other mode is not power-safe here (an in-memory database cannot be WAL):
+            # refuse to work rather than answer 202 for what a crash may lose.
+            cursor.close()
+            dbapi_connection.close()
+            raise ConfigError(
+                "PIPELINE_DATABASE_URL: the SQLite journal must be a file that can use WAL "
+                f"(journal_mode=WAL gave {mode[0] if mode else None!r}); "
+                "an in-memory database is not durable"
+            )
+        # FULL: each commit is on disk before it returns (NORMAL may lose the last ones).
+        cursor.execute("PRAGMA synchronous=FULL")
         cursor.execute(_BUSY_TIMEOUT_PRAGMA)
         if checkpointer is not None:
             cursor.execute(AUTOCHECKPOINT_OFF)
@@ -135,3 +178,23 @@ def _sqlite_engine(url: str) -> Engine:
     if checkpointer is not None:
         event.listen(engine, "engine_disposed", lambda _engine: checkpointer.stop())
     return engine
+
+
+def refuse_unsafe_journal(url: str) -> None:
+    """Open one connection to a SQLite journal and close it, so that a journal which cannot
+    be made power-safe stops a long-running component at its start (`ConfigError`) rather
+    than failing each request or task it later takes.
+
+    A journal that does not answer is no error here: the components run through a journal
+    outage (the intake answers 503, a worker's message is requeued). PostgreSQL is not
+    opened: its durable setting is pinned in the connection request itself."""
+    if make_url(url).get_backend_name() != "sqlite":
+        return
+    engine = make_engine(url)
+    try:
+        with engine.connect():
+            pass
+    except SQLAlchemyError:
+        return
+    finally:
+        engine.dispose()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Engine
+from sqlalchemy import Engine, text
 
 SCRIPT_LOCATION = "app.journal:migrations"
 
@@ -14,5 +14,10 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
     config = Config()
     config.set_main_option("script_location", SCRIPT_LOCATION)
     with engine.begin() as conn:
+        if conn.dialect.name == "postgresql":
+            # An index built over a large journal may take longer than a journal session's
+            # statement timeout, and may wait for the locks of running components.
+            conn.execute(text("SET LOCAL statement_timeout = 0"))
+            conn.execute(text("SET LOCAL lock_timeout = 0"))
         config.attributes["connection"] = conn
         command.upgrade(config, revision)

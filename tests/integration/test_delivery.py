@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from datetime import UTC, datetime, timedelta
 
-from tests.support.recorder import Recorder
+from tests.support.recorder import Recorder, StillProcessing
 
 
 def test_records_posted_across_lines_all_end_done_once_per_business_no(harness):
@@ -119,3 +119,56 @@ def test_always_failing_handler_ends_dead_after_max_attempts(harness):
     output = worker.output()
     assert output.count("record_dead") == 1
     assert "alert=TASK_DEAD" in output
+
+
+def test_a_409_for_a_post_still_in_progress_downstream_is_not_delivered(harness):
+    """The downstream holds our first POST past our timeout and then fails it; meanwhile it
+    answers our retries (same Idempotency-Key) 409, "still processing". It never accepted
+    the record, so the record must not end `done`."""
+    downstream = StillProcessing(hold_s=60).start()
+    try:
+        harness.configure(
+            lines__refund__downstream_url=f"{downstream.url}/refunds",
+            lines__refund__delivery_timeout_s="0.5",
+            lines__refund__max_attempts="3",
+            lines__refund__backoff_initial_s="0.05",
+            lines__refund__backoff_max_s="0.2",
+        )
+        client = harness.start_intake()
+        harness.start_worker("refund")
+        harness.start_beat()  # its sweeper re-enqueues the failed attempts
+        response = client.post("/v1/refund", json={"business_no": "R-409"})
+        assert response.status_code == 202, response.text
+        record_id = response.json()["id"]
+        final = harness.wait_until_final({record_id})[record_id]
+        answers = [
+            r.answered
+            for r in downstream.snapshot()
+            if r.headers.get("Idempotency-Key") == record_id
+        ]
+        assert final.status.value == "dead", (final.status, final.attempts, answers)
+        assert final.attempts == 3
+        assert "HTTP 409" in (final.last_error or "")
+        assert 409 in answers  # a retry met the first POST still in progress
+        assert not [a for a in answers if 200 <= a < 300]
+    finally:
+        downstream.stop()
+
+
+def test_a_409_is_delivered_where_the_line_counts_it_as_delivered(harness):
+    downstream = Recorder(status=409).start()
+    try:
+        harness.configure(
+            lines__refund__downstream_url=f"{downstream.url}/refunds",
+            lines__refund__delivered_statuses="2xx,409",
+        )
+        client = harness.start_intake()
+        harness.start_worker("refund")
+        response = client.post("/v1/refund", json={"business_no": "R-409-OK"})
+        assert response.status_code == 202, response.text
+        record_id = response.json()["id"]
+        final = harness.wait_until_final({record_id})[record_id]
+        assert (final.status.value, final.attempts) == ("done", 1)
+        assert [r.answered for r in downstream.snapshot()] == [409]
+    finally:
+        downstream.stop()

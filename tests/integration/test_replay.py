@@ -6,13 +6,17 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import pytest
 from sqlalchemy import insert
 
 from app.clock import utcnow
+from app.errors import ConfigError
 from app.journal.models import RecordStatus, order_status, orders
 from app.replay import ReplayFilter, replay
+from app.settings import load_settings
 from tests.support.journal import journal_records
 from tests.support.messages import queued_ids
+from tests.support.recorder import KnownIds
 
 
 def journal_dead(rt, line: str, payloads: list[dict]) -> list[str]:
@@ -110,3 +114,74 @@ def test_replay_skips_a_status_no_newer_than_the_stored_one(harness):
         older: RecordStatus.DONE,
         newer: RecordStatus.ENQUEUED,
     }
+
+
+def test_replay_asks_downstream_per_record_id_so_a_second_record_of_a_business_no_is_sent(
+    harness,
+):
+    """Two refunds of one business number: downstream has the first, not the second, which
+    is dead. Asked per business number, downstream would say yes for both; asked per
+    record id (the Idempotency-Key it was sent), it says which one it has."""
+    rt_setup = harness.runtime()
+    (first,) = journal_records(
+        rt_setup, [{"business_no": "R-1", "amount": 10}], line="refund", status=RecordStatus.DONE
+    )
+    second, lost_answer = journal_dead(
+        rt_setup,
+        "refund",
+        [{"business_no": "R-1", "amount": 5}, {"business_no": "R-2", "amount": 7}],
+    )
+    # R-2 reached downstream, but its answer never reached us: downstream has it.
+    downstream = KnownIds({first, lost_answer}).start()
+    try:
+        harness.configure(
+            lines__refund__downstream_url=f"{downstream.url}/refunds",
+            lines__refund__check_url=f"{downstream.url}/records/{{id}}?business_no={{business_no}}",
+        )
+        rt = harness.runtime()
+        counts = replay(rt, ReplayFilter(line="refund"), dry_run=False, actor="test", clock=utcnow)
+    finally:
+        downstream.stop()
+
+    assert (counts.matched, counts.skipped_synced, counts.enqueued) == (2, 1, 1)
+    assert queued_ids(rt.redis, "refund") == [second]
+    assert {r.id: r.status for r in harness.records()} == {
+        first: RecordStatus.DONE,
+        second: RecordStatus.ENQUEUED,
+        lost_answer: RecordStatus.DONE,
+    }
+    asked = sorted((r.path, r.query.get("business_no")) for r in downstream.snapshot())
+    assert asked == sorted([(f"/records/{second}", "R-1"), (f"/records/{lost_answer}", "R-2")])
+
+
+@pytest.mark.journal_independent
+@pytest.mark.parametrize(
+    "url", ["http://127.0.0.1:9/refunds/{business_no}", "http://127.0.0.1:9/records/"]
+)
+def test_a_check_url_that_does_not_name_the_record_id_is_refused(monkeypatch, url):
+    monkeypatch.setenv("PIPELINE_LINES__REFUND__CHECK_URL", url)
+    with pytest.raises(ConfigError) as caught:
+        load_settings()
+    assert "PIPELINE_LINES__REFUND__CHECK_URL" in str(caught.value)
+    assert "{id}" in str(caught.value)
+    assert "\n" not in str(caught.value)
+
+
+def test_rejected_records_are_replayed_only_when_asked_for(harness):
+    """A rejected record's caller was answered 429 and may have sent it again: replaying it
+    by default could deliver it twice."""
+    rt = harness.runtime()
+    (rejected,) = journal_records(
+        rt, [{"business_no": "O-R"}], line="order", status=RecordStatus.REJECTED
+    )
+
+    counts = replay(rt, ReplayFilter(line="order"), dry_run=False, actor="test", clock=utcnow)
+    assert (counts.matched, counts.enqueued) == (0, 0)
+    assert queued_ids(rt.redis, "order") == []
+    assert [r.status for r in harness.records()] == [RecordStatus.REJECTED]
+
+    asked = ReplayFilter(line="order", statuses=[RecordStatus.REJECTED])
+    counts = replay(rt, asked, dry_run=False, actor="test", clock=utcnow)
+    assert (counts.matched, counts.enqueued) == (1, 1)
+    assert queued_ids(rt.redis, "order") == [rejected]
+    assert [r.status for r in harness.records()] == [RecordStatus.ENQUEUED]

@@ -11,9 +11,11 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import update
 
+from app.clock import utcnow
 from app.cron import Misfire
+from app.journal.models import RecordStatus
 from app.journal.models import schedules as schedules_table
-from app.schedules import add
+from app.schedules import add, set_enabled
 from beat.fires import fire_due
 from tests.support.processes import REPO, wait_for
 
@@ -70,6 +72,46 @@ def test_the_same_fire_from_two_beats_is_stored_once(harness):
         conn.execute(update(schedules_table).values(last_fire_at=None))
     assert fire_due(rt, now=now) == 0
     assert len(scheduled(harness, "twice")) == 1
+
+
+@pytest.mark.parametrize("overflow", ["reject", "caller_runs"])
+def test_a_fire_into_a_full_line_is_deferred_whatever_its_policy_and_runs_once_there_is_room(
+    harness, overflow
+):
+    """Nobody sends a fire again, and beat runs no handler: a fire that finds its line full
+    waits in the journal, as `deferred`, for the sweeper, under any overflow policy."""
+    harness.configure(lines__order__overflow=overflow, lines__order__max_queue_length="1")
+    client = harness.start_intake()
+    response = client.post("/v1/order", json={"business_no": "FILL-1"})
+    assert response.status_code == 202, response.text
+    assert response.json()["status"] == "enqueued"  # the line is now full: 1 of 1
+    filler = response.json()["id"]
+    rt = harness.runtime()
+    with rt.engine.begin() as conn:
+        add(
+            conn,
+            name="into-full",
+            cron="* * * * *",
+            timezone="UTC",
+            line="order",
+            payload={},
+            misfire=Misfire.FIRE_ONCE,
+            catchup_window_s=3600,
+            now=START,
+        )
+    assert fire_due(rt, now=START + timedelta(minutes=1, seconds=1)) == 1
+    (fire,) = [r for r in harness.records() if r.source.value == "schedule"]
+    assert fire.status is RecordStatus.DEFERRED
+    with rt.engine.begin() as conn:  # the beat started below is to sweep, not to fire more
+        set_enabled(conn, "into-full", enabled=False, now=utcnow())
+
+    harness.start_worker("order")
+    harness.start_beat()
+    final = harness.wait_until_final({filler, fire.id})
+    assert {r.id: r.status for r in final.values()} == {
+        filler: RecordStatus.DONE,
+        fire.id: RecordStatus.DONE,
+    }
 
 
 def cli(harness, *args: str) -> str:

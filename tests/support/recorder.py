@@ -115,3 +115,116 @@ class SilentServer:
         self.thread.join(timeout=5)
         for conn in self.held:
             conn.close()
+
+
+class _SmallServer:
+    """A threaded HTTP server on 127.0.0.1 whose subclass answers each request."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.received: list[Received] = []
+        self.server: ThreadingHTTPServer | None = None
+
+    @property
+    def url(self) -> str:
+        assert self.server is not None
+        host, port = self.server.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def answer(self, method: str, received: Received) -> int:
+        raise NotImplementedError
+
+    def start(self) -> _SmallServer:
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def _serve(self, method: str) -> None:
+                raw = self.rfile.read(int(self.headers.get("content-length", "0")))
+                url = urllib.parse.urlsplit(self.path)
+                received = Received(
+                    path=url.path,
+                    headers=dict(self.headers.items()),
+                    body=json.loads(raw) if raw else None,
+                    raw=raw,
+                    query=dict(urllib.parse.parse_qsl(url.query)),
+                    at_s=time.monotonic(),
+                )
+                status = owner.answer(method, received)
+                with owner.lock:
+                    received.answered = status
+                    owner.received.append(received)
+                try:
+                    self.send_response(status)
+                    self.send_header("content-length", "0")
+                    self.end_headers()
+                except OSError:
+                    self.close_connection = True  # the client gave up waiting (a timeout)
+
+            def do_GET(self) -> None:
+                self._serve("GET")
+
+            def do_POST(self) -> None:
+                self._serve("POST")
+
+            def log_message(self, *_args: Any) -> None:
+                return
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+
+    def snapshot(self) -> list[Received]:
+        with self.lock:
+            return list(self.received)
+
+
+class StillProcessing(_SmallServer):
+    """A downstream that never accepts: it works on the first POST of an Idempotency-Key
+    for `hold_s` and then fails it (500); while that one is in progress it answers any
+    other POST with the same key 409 ("still processing"), and 500 once it has failed."""
+
+    def __init__(self, *, hold_s: float) -> None:
+        super().__init__()
+        self.hold_s = hold_s
+        self.in_progress: set[str] = set()
+        self.failed: set[str] = set()
+        self.stopping = threading.Event()
+
+    def answer(self, method: str, received: Received) -> int:
+        key = received.headers.get("Idempotency-Key", "")
+        with self.lock:
+            if key in self.in_progress:
+                return 409
+            if key in self.failed:
+                return 500
+            self.in_progress.add(key)
+        self.stopping.wait(self.hold_s)  # released at once when the test stops us
+        with self.lock:
+            self.in_progress.discard(key)
+            self.failed.add(key)
+        return 500
+
+    def stop(self) -> None:
+        self.stopping.set()
+        super().stop()
+
+
+class KnownIds(_SmallServer):
+    """A downstream's check endpoint: GET `/records/<id>` is 200 for the ids it has and
+    404 for any other."""
+
+    def __init__(self, known: set[str]) -> None:
+        super().__init__()
+        self.known = set(known)
+
+    def answer(self, method: str, received: Received) -> int:
+        prefix = "/records/"
+        if method != "GET" or not received.path.startswith(prefix):
+            return 404
+        record_id = urllib.parse.unquote(received.path[len(prefix) :])
+        return 200 if record_id in self.known else 404

@@ -94,3 +94,54 @@ def test_an_unknown_handler_is_a_config_error_naming_the_variable(monkeypatch):
     monkeypatch.setenv("PIPELINE_LINES__ORDER__HANDLER", "no_such_module.handle")
     with pytest.raises(ConfigError, match="PIPELINE_LINES__ORDER__HANDLER"):
         LineRegistry.from_settings(load_settings())
+
+
+def test_a_line_delivers_on_2xx_alone_and_waits_10_s_by_default():
+    refund = load_settings().lines["refund"]
+    assert refund.delivered_statuses == "2xx"
+    assert refund.delivery_timeout_s == 10
+    delivered = refund.delivered
+    assert all(code in delivered for code in (200, 201, 204, 299))
+    assert not any(code in delivered for code in (199, 300, 404, 409, 500))
+
+
+@pytest.mark.parametrize(
+    ("value", "normalized", "yes", "no"),
+    [
+        ("2xx,409", "2xx,409", [200, 202, 409], [300, 408, 410, 500]),
+        (" 409 , 2XX ", "2xx,409", [201, 409], [404]),
+        ("204", "204", [204], [200, 409]),
+        ("409,204,409", "204,409", [204, 409], [200]),
+    ],
+)
+def test_delivered_statuses_is_2xx_and_exact_codes(monkeypatch, value, normalized, yes, no):
+    monkeypatch.setenv("PIPELINE_LINES__REFUND__DELIVERED_STATUSES", value)
+    monkeypatch.setenv("PIPELINE_LINES__REFUND__DELIVERY_TIMEOUT_S", "0.5")
+    refund = load_settings().lines["refund"]
+    assert refund.delivered_statuses == normalized
+    assert refund.delivery_timeout_s == 0.5
+    assert all(code in refund.delivered for code in yes)
+    assert not any(code in refund.delivered for code in no)
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("PIPELINE_LINES__REFUND__DELIVERED_STATUSES", ""),
+        ("PIPELINE_LINES__REFUND__DELIVERED_STATUSES", "3xx"),
+        ("PIPELINE_LINES__REFUND__DELIVERED_STATUSES", "2xx,"),
+        ("PIPELINE_LINES__REFUND__DELIVERED_STATUSES", "2xx;409"),
+        ("PIPELINE_LINES__REFUND__DELIVERED_STATUSES", "ok"),
+        ("PIPELINE_LINES__REFUND__DELIVERED_STATUSES", "2xx,500"),
+        ("PIPELINE_LINES__REFUND__DELIVERED_STATUSES", "99"),
+        ("PIPELINE_LINES__ORDER__DELIVERY_TIMEOUT_S", "0"),
+        ("PIPELINE_LINES__ORDER__DELIVERY_TIMEOUT_S", "-1"),
+        ("PIPELINE_LINES__ORDER__DELIVERY_TIMEOUT_S", "soon"),
+    ],
+)
+def test_a_bad_delivery_setting_is_one_config_error_naming_it(monkeypatch, variable, value):
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ConfigError) as caught:
+        load_settings()
+    assert variable in str(caught.value)
+    assert "\n" not in str(caught.value)
