@@ -102,14 +102,14 @@ def test_replay_of_100000_rows_runs_in_flat_memory_and_skips_the_synced(harness)
 
     small_rss, _, _ = run_replay(harness, "--line", "refund", "--dry-run")
     dry_rss, dry_out, dry_s = run_replay(harness, "--line", "order", "--dry-run")
-    assert summary(dry_out) == [ROWS, ROWS * 9 // 10, 0, 0, ROWS // 10]
+    assert summary(dry_out) == [ROWS, ROWS * 9 // 10, 0, 0, ROWS // 10, 0]
     with rt.engine.connect() as conn:
         statuses = set(conn.execute(select(records.c.status).distinct()).scalars())
     assert statuses == {"dead"}  # a dry run changes nothing
     assert rt.redis.llen("order") == 0
 
     real_rss, real_out, real_s = run_replay(harness, "--line", "order")
-    assert summary(real_out) == [ROWS, ROWS * 9 // 10, 0, 0, ROWS // 10]
+    assert summary(real_out) == [ROWS, ROWS * 9 // 10, 0, 0, ROWS // 10, 0]
     assert len(queued_ids(rt.redis, "order")) == ROWS * 9 // 10
     with rt.engine.connect() as conn:
         query = (
