@@ -2,12 +2,14 @@
 
 The epoch (`app.admission`) tells when Redis lost everything. A partial loss leaves the
 epoch: a failover to a replica that lagged, the last second of an append-only file, a
-message acked by a hard time limit, a single message removed by hand. Run by the active
-beat every `lost_check_interval_seconds`: per line, the records whose message should be
-waiting (enqueued in this epoch, no attempt since, unchanged for `lost_after_seconds`)
-are compared with what the line's queue and kombu's unacked messages hold, read in one
-step; those whose message is in neither are claimed, if no attempt took them meanwhile,
-and pushed again. Redis is read only when some record has waited that long.
+message acked by a hard time limit, a single message removed by hand, a sweeper killed
+between its claim and its push. Run by the active beat every
+`lost_check_interval_seconds`: per line, the records whose message should be waiting
+(enqueued in this epoch or claimed for a push, no attempt since, unchanged for
+`lost_after_seconds`) are compared with what the line's queue and kombu's unacked
+messages hold, read in one step; those whose message is in neither are claimed, if no
+attempt took them meanwhile, and pushed again. Redis is read only when some record has
+waited that long.
 
 A record whose message was being taken by a worker at the moment of the read (between
 kombu's fetch and its bookkeeping) may be pushed twice: its second message finds it in

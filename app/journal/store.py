@@ -367,8 +367,8 @@ def claim_due(
         ),
         and_(
             records.c.status == RecordStatus.ENQUEUED.value,
-            # No epoch: a sweeper or a replay is pushing it now (or died doing so, and
-            # the stuck threshold takes it).
+            # No epoch: a sweeper is pushing it now (or died doing so: the lost-message
+            # check takes it).
             or_(
                 records.c.queue_epoch != epoch,
                 records.c.updated_at < db_time_at(now, -stuck_after_s),
@@ -390,11 +390,13 @@ def claim_due(
 
 
 def _unrun_since(epoch: str, *, now: datetime, quiet_s: float) -> list[ColumnElement[bool]]:
-    """An `enqueued` record pushed in `epoch`, unchanged for `quiet_s`, whose message no
-    attempt has taken since (no lease, live or expired): its message should be waiting."""
+    """An `enqueued` record pushed in `epoch` (or claimed for a push with no epoch yet: a
+    push takes milliseconds, so one that has waited `quiet_s` lost its pusher), unchanged
+    for `quiet_s`, whose message no attempt has taken since (no lease, live or expired):
+    its message should be waiting."""
     return [
         records.c.status == RecordStatus.ENQUEUED.value,
-        records.c.queue_epoch == epoch,
+        or_(records.c.queue_epoch == epoch, records.c.queue_epoch.is_(None)),
         records.c.lease_expires_at.is_(None),
         records.c.updated_at < db_time_at(now, -quiet_s),
     ]
@@ -421,7 +423,8 @@ def claim_lost(
     """Claim, to push them again, the records of `record_ids` whose message is gone from
     Redis (the caller looked), if they are still as `waiting_suspects` found them: no
     attempt took them meanwhile. They keep `enqueued`, with no epoch until pushed.
-    Returns them as they were."""
+    Returns them with `epoch`, the one they are missing from (`put_back` leaves them
+    there if the push fails, for the next check)."""
     if not record_ids:
         return []
     terms = [among(conn, records.c.id, record_ids), *_unrun_since(epoch, now=now, quiet_s=quiet_s)]
@@ -434,7 +437,6 @@ def claim_lost(
             .returning(*records.c)
         )
     ]
-    # As they were before the claim: `put_back` returns them there if the push fails.
     return [dataclasses.replace(r, queue_epoch=epoch) for r in found]
 
 
@@ -450,8 +452,9 @@ def claim_as_enqueued(
 ) -> list[str]:
     """`… → enqueued` by `event` (`SWEPT`, `REPLAYED`), each record guarded by the status
     it was read in and by its lease (none live), with no epoch until pushed, or with the
-    `epoch` the caller is about to push them in (a record claimed but never pushed is
-    taken again by the sweeper, as one with no epoch is). An expired lease is cleared.
+    `epoch` the caller is about to push them in (a record claimed but never pushed, its
+    claimer killed, is found by the lost-message check either way). An expired lease is
+    cleared.
 
     `not_in_epoch`: an `enqueued` record is claimed only if it was pushed in another
     epoch (in this one its message is on its queue or held by a worker: it is in flight).

@@ -10,7 +10,9 @@ import time
 from collections import Counter
 
 from app.clock import utcnow
+from app.journal.models import RecordStatus
 from app.lost_messages import recover_lost
+from tests.support.journal import journal_records
 from tests.support.messages import message_args, queued_ids
 from tests.support.processes import wait_for
 from tests.support.runs import overlapping, runs_by_record, use_runs_log
@@ -48,6 +50,21 @@ def test_records_whose_message_was_removed_are_pushed_again_once(harness):
     stored = {r.id: r for r in harness.records()}
     assert {stored[i].status.value for i in removed} == {"enqueued"}
     assert {stored[i].queue_epoch for i in ids} == {rt.admission.epoch()}
+
+
+def test_a_record_claimed_for_a_push_that_never_happened_is_pushed_again(harness):
+    """A sweeper killed between its claim (`enqueued`, no epoch yet) and its push."""
+    harness.configure(lost_after_seconds="0.5")
+    rt = harness.runtime()
+    (record_id,) = journal_records(
+        rt, [{"business_no": "K-1"}], line="order", status=RecordStatus.ENQUEUED
+    )
+    assert recover_lost(rt, now=utcnow()) == {}  # too recent: its pusher may be at work
+    time.sleep(0.6)
+    assert recover_lost(rt, now=utcnow()) == {"order": 1}
+    assert queued_ids(rt.redis, "order") == [record_id]
+    (stored,) = harness.records()
+    assert stored.queue_epoch == rt.admission.epoch()
 
 
 def test_messages_removed_under_load_come_back_within_30_s_and_run_once(harness, tmp_path):
