@@ -9,8 +9,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy.exc import SQLAlchemyError
-
 from app.errors import BrokerUnavailable, JournalUnavailable
 from app.journal import store
 from app.journal.models import Record, RecordStatus
@@ -74,12 +72,9 @@ def accept_many(
     `overflow`, when given, is the policy for a full queue instead of each line's own.
 
     Raises `JournalUnavailable` (for all of them) if the rows could not be committed."""
-    try:
-        with rt.engine.begin() as conn:
-            now = clock()
-            stored = store.insert_records(conn, news, now=now)
-    except SQLAlchemyError as exc:
-        raise JournalUnavailable(f"journal write failed: {type(exc).__name__}") from exc
+    with rt.journal.transaction("journal write") as conn:
+        now = clock()
+        stored = store.insert_records(conn, news, now=now)
     results: list[Acceptance | None] = [None] * len(news)
     admit: dict[str, list[int]] = {}
     for i, (new, (record, created)) in enumerate(zip(news, stored, strict=True)):
@@ -178,10 +173,10 @@ def _mark_enqueued(
     if not any(by_epoch.values()):
         return
     try:
-        with rt.engine.begin() as conn:
+        with rt.journal.transaction() as conn:
             for epoch, ids in by_epoch.items():
                 store.mark_enqueued(conn, ids, epoch=epoch, now=clock())
-    except SQLAlchemyError as exc:
+    except JournalUnavailable as exc:
         log.warning(
             "records_status_not_saved",
             count=sum(len(ids) for ids in by_epoch.values()),
@@ -197,9 +192,9 @@ def _move_all(
     if not overflow:
         return True
     try:
-        with rt.engine.begin() as conn:
+        with rt.journal.transaction() as conn:
             store.move(conn, [r.id for r in overflow], event, now=clock())
-    except SQLAlchemyError as exc:
+    except JournalUnavailable as exc:
         log.warning("records_status_not_saved", transition=event.value, error=str(exc))
         return False
     return True
@@ -211,9 +206,9 @@ def _move(
     """`event` for `record`; whether it was written. A failure here loses nothing: the
     record stays as it was (`received` is pushed by the sweeper)."""
     try:
-        with rt.engine.begin() as conn:
+        with rt.journal.transaction() as conn:
             moved = store.move(conn, [record.id], event, now=clock())
-    except SQLAlchemyError as exc:
+    except JournalUnavailable as exc:
         log.warning(
             "record_status_not_saved", record_id=record.id, transition=event.value, error=str(exc)
         )

@@ -19,9 +19,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy.exc import SQLAlchemyError
-
-from app.errors import BrokerUnavailable, JournalUnavailable
+from app.errors import BrokerUnavailable
 from app.journal import store
 from app.lines import Line
 from app.logs import get_logger
@@ -49,8 +47,6 @@ def recover_lost(rt: Runtime, *, now: datetime) -> dict[str, int]:
                 recovered[line.name] = count
     except BrokerUnavailable as exc:
         log.warning("lost_check_broker_down", error=str(exc))
-    except SQLAlchemyError as exc:
-        raise JournalUnavailable(f"lost-message check failed: {type(exc).__name__}") from exc
     for line_name, count in recovered.items():
         rt.telemetry.count(Counter.SWEEP_RECOVERED, count, line=line_name)
         rt.alerts.raise_event(
@@ -66,7 +62,7 @@ def recover_lost(rt: Runtime, *, now: datetime) -> dict[str, int]:
 
 def _recover_line(rt: Runtime, line: Line, *, epoch: str, now: datetime) -> int:
     quiet_s = rt.settings.lost_after_seconds
-    with rt.engine.connect() as conn:
+    with rt.journal.reading() as conn:
         suspects = store.waiting_suspects(
             conn, line=line.name, epoch=epoch, now=now, quiet_s=quiet_s, limit=MAX_SUSPECTS
         )
@@ -76,7 +72,7 @@ def _recover_line(rt: Runtime, line: Line, *, epoch: str, now: datetime) -> int:
     missing = [record_id for record_id in suspects if record_id not in present]
     if not missing:
         return 0
-    with rt.engine.begin() as conn:
+    with rt.journal.transaction() as conn:
         claimed = store.claim_lost(conn, missing, epoch=epoch, now=now, quiet_s=quiet_s)
     if not claimed:
         return 0

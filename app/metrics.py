@@ -13,9 +13,8 @@ from datetime import datetime
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
-from sqlalchemy.exc import SQLAlchemyError
 
-from app.errors import BrokerUnavailable
+from app.errors import BrokerUnavailable, JournalUnavailable
 from app.journal.models import RecordStatus
 from app.runtime import Runtime
 from app.status import JournalView, QueueView, journal_view, queue_views
@@ -118,7 +117,7 @@ def families(rt: Runtime, *, now: datetime) -> list[Metric]:
     journal_up = GaugeMetricFamily("pipeline_journal_up", "1 when the journal answered.")
     try:
         journal = journal_view(rt)
-    except SQLAlchemyError:
+    except JournalUnavailable:
         journal_up.add_metric([], 0)
     else:
         journal_up.add_metric([], 1)

@@ -7,9 +7,8 @@ from __future__ import annotations
 from datetime import datetime
 
 import redis
-from sqlalchemy.exc import SQLAlchemyError
 
-from app.errors import BrokerUnavailable
+from app.errors import BrokerUnavailable, JournalUnavailable
 from app.journal.models import RecordStatus
 from app.logs import get_logger
 from app.runtime import Runtime
@@ -29,7 +28,7 @@ def monitor(rt: Runtime, *, now: datetime) -> list[Event]:
         raised.append(Event.BROKER_DOWN)
     try:
         rows = line_statuses(rt, now=now)
-    except SQLAlchemyError as exc:
+    except JournalUnavailable as exc:
         rt.alerts.raise_event(
             Event.JOURNAL_DOWN,
             line=None,

@@ -15,9 +15,7 @@ from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
 
 import httpx
-from sqlalchemy.exc import SQLAlchemyError
 
-from app.errors import JournalUnavailable
 from app.ids import new_id
 from app.journal import store
 from app.journal.models import UNFINISHED, RecordStatus
@@ -83,7 +81,7 @@ class ReplayCounts:
 
 def count_matching(rt: Runtime, where: ReplayFilter) -> int:
     """How many records `where` selects (for a progress bar)."""
-    with rt.engine.connect() as conn:
+    with rt.journal.reading() as conn:
         return store.count_records(conn, where.record_filter())
 
 
@@ -99,37 +97,34 @@ def replay(
     """Replay the records `where` selects. Raises `JournalUnavailable`, `BrokerUnavailable`."""
     counts = ReplayCounts()
     replay_id = new_id(clock())
-    try:
-        with rt.engine.begin() as conn:
-            store.start_replay(
-                conn,
-                replay_id=replay_id,
-                actor=actor,
-                where=where.describe(),
-                dry_run=dry_run,
-                now=clock(),
-            )
-        # One (line, status) at a time: each page is then a range of the (line, status, id)
-        # index, however large the journal, instead of a sort of every match. The statuses
-        # a replay moves records to come first, so no record is met twice.
-        lines = [where.line] if where.line else rt.lines.names()
-        statuses = sorted(where.statuses, key=lambda s: s not in _REPLAY_MOVES_TO)
-        for line_name, status in itertools.product(lines, statuses):
-            part = replace(where.record_filter(), line=line_name, statuses=[status])
-            cursor: str | None = None
-            while True:
-                with rt.engine.connect() as conn:
-                    page = store.list_record_keys(conn, part, limit=PAGE_SIZE, after=cursor)
-                if not page:
-                    break
-                cursor = page[-1].id
-                _replay_page(rt, page, counts, dry_run=dry_run, clock=clock)
-                if on_page:
-                    on_page(len(page))
-        with rt.engine.begin() as conn:
-            store.finish_replay(conn, replay_id=replay_id, counts=asdict(counts), now=clock())
-    except SQLAlchemyError as exc:
-        raise JournalUnavailable(f"replay failed: {type(exc).__name__}") from exc
+    with rt.journal.transaction("replay") as conn:
+        store.start_replay(
+            conn,
+            replay_id=replay_id,
+            actor=actor,
+            where=where.describe(),
+            dry_run=dry_run,
+            now=clock(),
+        )
+    # One (line, status) at a time: each page is then a range of the (line, status, id)
+    # index, however large the journal, instead of a sort of every match. The statuses
+    # a replay moves records to come first, so no record is met twice.
+    lines = [where.line] if where.line else rt.lines.names()
+    statuses = sorted(where.statuses, key=lambda s: s not in _REPLAY_MOVES_TO)
+    for line_name, status in itertools.product(lines, statuses):
+        part = replace(where.record_filter(), line=line_name, statuses=[status])
+        cursor: str | None = None
+        while True:
+            with rt.journal.reading() as conn:
+                page = store.list_record_keys(conn, part, limit=PAGE_SIZE, after=cursor)
+            if not page:
+                break
+            cursor = page[-1].id
+            _replay_page(rt, page, counts, dry_run=dry_run, clock=clock)
+            if on_page:
+                on_page(len(page))
+    with rt.journal.transaction("replay") as conn:
+        store.finish_replay(conn, replay_id=replay_id, counts=asdict(counts), now=clock())
     log.info("replay_finished", replay_id=replay_id, dry_run=dry_run, **asdict(counts))
     rt.alerts.raise_event(
         Event.REPLAY_FINISHED,
@@ -178,7 +173,7 @@ def _replay_page(
         # claimed is pushed: a record in flight (a live lease, or enqueued in this epoch),
         # or one another replay claimed first, is left alone.
         epoch = rt.admission.epoch()
-        with rt.engine.begin() as conn:
+        with rt.journal.transaction() as conn:
             store.mark_synced(conn, sorted(synced), now=now)
             claimed = set(
                 store.claim_as_enqueued(
@@ -202,7 +197,7 @@ def _replay_page(
         pushed = [r.id for r in ours[: outcome.pushed]]
         left = [r.id for r in ours[outcome.pushed :]]
         if left or outcome.epoch != epoch:
-            with rt.engine.begin() as conn:
+            with rt.journal.transaction() as conn:
                 if outcome.epoch != epoch:
                     store.set_epoch(conn, pushed, epoch=outcome.epoch, replace=True)
                 store.move(conn, left, TransitionEvent.NOT_PUSHED, now=now)
@@ -219,7 +214,7 @@ def _downstream_has(rt: Runtime, line: Line, batch: list[RecordKey]) -> set[str]
         template = line.settings.check_url
         return {r.id for r in batch if template and _http_has(rt.http, template, r)}
     business_nos = list({r.business_no for r in batch})
-    with rt.engine.connect() as conn:
+    with rt.journal.reading() as conn:
         if line.name == "status":
             newest = newest_statuses(conn, business_nos)
             known = [r for r in batch if r.business_no in newest]

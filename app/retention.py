@@ -5,9 +5,6 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from sqlalchemy.exc import SQLAlchemyError
-
-from app.errors import JournalUnavailable
 from app.journal import store
 from app.logs import get_logger
 from app.runtime import Runtime
@@ -21,17 +18,14 @@ def purge(rt: Runtime, *, now: datetime, max_batches: int = 100) -> int:
         return 0
     before = now - timedelta(days=rt.settings.retention_days)
     deleted = 0
-    try:
-        for _ in range(max_batches):
-            with rt.engine.begin() as conn:
-                batch = store.delete_done_before(
-                    conn, before=before, limit=rt.settings.retention_batch_size
-                )
-            deleted += batch
-            if batch < rt.settings.retention_batch_size:
-                break
-    except SQLAlchemyError as exc:
-        raise JournalUnavailable(f"retention failed: {type(exc).__name__}") from exc
+    for _ in range(max_batches):
+        with rt.journal.transaction("retention") as conn:
+            batch = store.delete_done_before(
+                conn, before=before, limit=rt.settings.retention_batch_size
+            )
+        deleted += batch
+        if batch < rt.settings.retention_batch_size:
+            break
     if deleted:
         log.info("retention_finished", deleted=deleted, before=before.isoformat())
     return deleted

@@ -9,7 +9,6 @@ from collections.abc import Callable
 from datetime import datetime
 
 from sqlalchemy import Connection
-from sqlalchemy.exc import SQLAlchemyError
 
 from app.backoff import decide
 from app.errors import JournalUnavailable
@@ -59,9 +58,9 @@ def _deliver(rt: Runtime, record: Record, owner: str, clock: Callable[[], dateti
             timeout_s=line.settings.delivery_timeout_s,
         )
     else:
-        with rt.engine.begin() as conn:
+        with rt.journal.transaction(f"finishing {record.id}") as conn:
             return _write_table_sink(conn, record, owner, clock())
-    with rt.engine.begin() as conn:
+    with rt.journal.transaction(f"finishing {record.id}") as conn:
         return attempts.mark_done(conn, record, owner=owner, now=clock())
 
 
@@ -149,17 +148,15 @@ def run_record(
     Raises `JournalUnavailable` when the journal cannot be read or written; the record is
     then left as it was and the sweeper picks it up again."""
     owner = attempts.new_owner()
+    what = f"claim of {record_id}"
     try:
-        try:
-            with rt.engine.begin() as conn:
-                claimed = _claim(conn, rt, record_id, clock(), owner=owner, line=line)
-        except _SinkRefused as refused:
-            # Nothing of that transaction was kept: claim alone, so the attempt counts.
-            with rt.engine.begin() as conn:
-                record, _, _, _ = _claim(conn, rt, record_id, clock(), owner=owner, sink=False)
-            claimed = (record, None, refused.error, owner)
-    except SQLAlchemyError as exc:
-        raise JournalUnavailable(f"claim of {record_id} failed") from exc
+        with rt.journal.transaction(what) as conn:
+            claimed = _claim(conn, rt, record_id, clock(), owner=owner, line=line)
+    except _SinkRefused as refused:
+        # Nothing of that transaction was kept: claim alone, so the attempt counts.
+        with rt.journal.transaction(what) as conn:
+            record, _, _, _ = _claim(conn, rt, record_id, clock(), owner=owner, sink=False)
+        claimed = (record, None, refused.error, owner)
     return _after_claim(rt, record_id, claimed, clock=clock, rng=rng)
 
 
@@ -179,11 +176,8 @@ def run_table_sink_batch(
     whole batch first would count an attempt for each record when one of them kills the
     worker."""
     owner = attempts.new_owner()
-    try:
-        with rt.engine.begin() as conn:
-            claimed = _claim_batch(conn, rt, record_ids, clock(), owner=owner)
-    except SQLAlchemyError as exc:
-        raise JournalUnavailable(f"claim of a batch of {len(record_ids)} failed") from exc
+    with rt.journal.transaction(f"claim of a batch of {len(record_ids)}") as conn:
+        claimed = _claim_batch(conn, rt, record_ids, clock(), owner=owner)
     return [
         _after_claim(rt, record_id, one, clock=clock, rng=rng)
         for record_id, one in zip(record_ids, claimed, strict=True)
@@ -281,8 +275,8 @@ def _after_claim(
     if finished is None:
         try:
             finished = _deliver(rt, record, owner, clock)
-        except SQLAlchemyError as exc:
-            raise JournalUnavailable(f"finishing {record_id} failed") from exc
+        except JournalUnavailable:
+            raise  # the outcome was not recorded: the lease expires, the sweeper takes it
         except Exception as exc:  # noqa: BLE001 - a handler is user code: any failure is an attempt
             return _record_failure(rt, record, exc, owner=owner, clock=clock, rng=rng)
     if not finished:
@@ -318,13 +312,10 @@ def _record_failure(
     now = clock()
     decision = decide(record.attempts, policy=line.settings, now=now, rng=rng)
     error = f"{type(exc).__name__}: {exc}"
-    try:
-        with rt.engine.begin() as conn:
-            moved = attempts.mark_failed(
-                conn, record, owner=owner, error=error, retry_at=decision.retry_at, now=now
-            )
-    except SQLAlchemyError as db_exc:
-        raise JournalUnavailable(f"recording failure of {record.id} failed") from db_exc
+    with rt.journal.transaction(f"recording failure of {record.id}") as conn:
+        moved = attempts.mark_failed(
+            conn, record, owner=owner, error=error, retry_at=decision.retry_at, now=now
+        )
     if not moved:
         _log_lease_lost(record, outcome=RecordStatus.DEAD if decision.dead else RecordStatus.FAILED)
         return None

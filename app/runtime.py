@@ -12,6 +12,7 @@ from app.admission import Admission
 from app.alerts import Alerter
 from app.clock import utcnow
 from app.journal.engine import make_engine
+from app.journal.journal import Journal
 from app.lines import LineRegistry
 from app.redis_client import make_redis, redis_options
 from app.settings import Settings
@@ -26,6 +27,7 @@ class Runtime:
     settings: Settings
     lines: LineRegistry
     engine: Engine
+    journal: Journal
     redis: redis.Redis
     admission: Admission
     http: httpx.Client
@@ -38,10 +40,12 @@ class Runtime:
         lines = LineRegistry.from_settings(settings)
         client = make_redis(settings.redis_url, redis_options(settings))
         telemetry = Telemetry(client)
+        engine = make_engine(settings.database_url, pool_size=db_pool_size)
         return cls(
             settings=settings,
             lines=lines,
-            engine=make_engine(settings.database_url, pool_size=db_pool_size),
+            engine=engine,
+            journal=Journal(engine),
             redis=client,
             admission=Admission(client),
             http=make_http_client(),

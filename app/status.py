@@ -43,8 +43,8 @@ class QueueView:
 def journal_view(rt: Runtime) -> JournalView:
     """Counts by status and oldest unfinished record, per line.
 
-    Raises `sqlalchemy.exc.SQLAlchemyError` when the journal does not answer."""
-    with rt.engine.connect() as conn:
+    Raises `JournalUnavailable` when the journal does not answer."""
+    with rt.journal.reading() as conn:
         return JournalView(
             counts=store.counts_by_status(conn),
             oldest_unfinished={
@@ -67,7 +67,7 @@ def queue_views(rt: Runtime) -> dict[str, QueueView]:
 def line_statuses(rt: Runtime, *, now: datetime) -> list[LineStatus]:
     """Every line's status. Depth and live workers are None when Redis does not answer.
 
-    Raises `sqlalchemy.exc.SQLAlchemyError` when the journal does not answer."""
+    Raises `JournalUnavailable` when the journal does not answer."""
     journal = journal_view(rt)
     try:
         queues: dict[str, QueueView] = queue_views(rt)

@@ -14,9 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from sqlalchemy.exc import SQLAlchemyError
-
-from app.errors import BrokerUnavailable, JournalUnavailable
+from app.errors import BrokerUnavailable
 from app.journal import store
 from app.journal.models import Record, RecordStatus
 from app.lines import Line
@@ -51,8 +49,6 @@ def sweep(rt: Runtime, *, now: datetime) -> SweepResult:
     except BrokerUnavailable as exc:
         result.broker_down = True
         log.warning("sweep_broker_down", error=str(exc))
-    except SQLAlchemyError as exc:
-        raise JournalUnavailable(f"sweep failed: {type(exc).__name__}: {exc}") from exc
     for line_name, count in result.enqueued.items():
         rt.telemetry.count(Counter.SWEEP_ENQUEUED, count, line=line_name)
     for line_name, count in result.recovered.items():
@@ -82,7 +78,7 @@ def _sweep_line(rt: Runtime, line: Line, *, epoch: str, now: datetime, result: S
         limit = min(room * line.batch_size, budget, settings.sweep_batch_size)
         if limit <= 0:
             return
-        with rt.engine.begin() as conn:
+        with rt.journal.transaction() as conn:
             claimed = store.claim_due(
                 conn,
                 line=line.name,
@@ -112,11 +108,11 @@ def push_claimed(rt: Runtime, line: Line, claimed: list[Record], *, now: datetim
             batch_size=line.batch_size,
         )
     except BrokerUnavailable:
-        with rt.engine.begin() as conn:
+        with rt.journal.transaction() as conn:
             store.put_back(conn, claimed, now=now)
         raise
     pushed, left = claimed[: outcome.pushed], claimed[outcome.pushed :]
-    with rt.engine.begin() as conn:
+    with rt.journal.transaction() as conn:
         store.set_epoch(conn, [r.id for r in pushed], epoch=outcome.epoch)
         store.put_back(conn, left, now=now)
     return pushed

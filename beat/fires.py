@@ -6,11 +6,9 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from sqlalchemy.exc import SQLAlchemyError
-
 from app.acceptance import accept
 from app.cron import next_fire, plan
-from app.errors import JournalUnavailable, PipelineError
+from app.errors import PipelineError
 from app.ids import new_id
 from app.intake.body import body_digest
 from app.journal.models import Source
@@ -31,11 +29,8 @@ def fire_due(rt: Runtime, *, now: datetime) -> int:
     """Fire every enabled schedule's due times. Returns how many records were created.
 
     Raises `JournalUnavailable` when the schedules cannot be read."""
-    try:
-        with rt.engine.connect() as conn:
-            current = list_all(conn, enabled_only=True)
-    except SQLAlchemyError as exc:
-        raise JournalUnavailable(f"reading schedules failed: {type(exc).__name__}") from exc
+    with rt.journal.reading("reading schedules") as conn:
+        current = list_all(conn, enabled_only=True)
     created = 0
     for schedule in current:
         try:
@@ -77,15 +72,12 @@ def _fire_schedule(rt: Runtime, schedule: Schedule, *, now: datetime) -> int:
             log.info("schedule_fired", schedule=schedule.name, fire=fire.isoformat())
     if not todo.fire:
         log.info("schedule_missed_fires_skipped", schedule=schedule.name)
-    try:
-        with rt.engine.begin() as conn:
-            record_fired(
-                conn,
-                schedule.name,
-                through=todo.fired_through,
-                next_at=next_fire(schedule.cron, schedule.timezone, after=now),
-                now=now,
-            )
-    except SQLAlchemyError as exc:
-        raise JournalUnavailable("recording the fire failed") from exc
+    with rt.journal.transaction("recording the fire") as conn:
+        record_fired(
+            conn,
+            schedule.name,
+            through=todo.fired_through,
+            next_at=next_fire(schedule.cron, schedule.timezone, after=now),
+            now=now,
+        )
     return created

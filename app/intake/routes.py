@@ -15,7 +15,6 @@ from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
 from sqlalchemy import text
-from sqlalchemy.exc import SQLAlchemyError
 from starlette.concurrency import run_in_threadpool
 
 from app.clock import utcnow
@@ -167,9 +166,9 @@ def readyz(rt: RuntimeDep) -> JSONResponse:
     except Exception:  # noqa: BLE001 - any failure means not ready
         failed.append("redis")
     try:
-        with rt.engine.connect() as conn:
+        with rt.journal.reading() as conn:
             conn.execute(text("SELECT 1"))
-    except SQLAlchemyError:
+    except JournalUnavailable:
         failed.append("journal")
     if failed:
         return JSONResponse(
@@ -185,10 +184,7 @@ def readyz(rt: RuntimeDep) -> JSONResponse:
 @router.get("/v1/lines", responses=errors_doc(*COMMON))
 def lines(rt: RuntimeDep) -> dict[str, Any]:
     """Per line: queue depth and bound, policy, live workers, counts, oldest unfinished age."""
-    try:
-        rows = line_statuses(rt, now=utcnow())
-    except SQLAlchemyError as exc:
-        raise JournalUnavailable() from exc
+    rows = line_statuses(rt, now=utcnow())
     return {"lines": [public(row) for row in rows]}
 
 
@@ -234,11 +230,8 @@ def status_page() -> HTMLResponse:
 def get_record(
     record_id: Annotated[str, Path(max_length=128, pattern=r"^[^\x00]*$")], rt: RuntimeDep
 ) -> dict[str, Any]:
-    try:
-        with rt.engine.connect() as conn:
-            record = store.get_record(conn, record_id)
-    except SQLAlchemyError as exc:
-        raise JournalUnavailable() from exc
+    with rt.journal.reading() as conn:
+        record = store.get_record(conn, record_id)
     if record is None:
         raise RecordNotFound(f"no record {record_id!r}")
     return record.public()
@@ -265,11 +258,8 @@ def list_records(
         since=since,
         until=until,
     )
-    try:
-        with rt.engine.connect() as conn:
-            items = store.list_records(conn, where, limit=limit + 1, after=after)
-    except SQLAlchemyError as exc:
-        raise JournalUnavailable() from exc
+    with rt.journal.reading() as conn:
+        items = store.list_records(conn, where, limit=limit + 1, after=after)
     page = items[:limit]
     return {
         "items": [record.public() for record in page],

@@ -1,6 +1,7 @@
-"""All SQL on the journal. Every function takes a connection and never commits: the caller
-owns the transaction. Transitions are guarded in SQL (`UPDATE … WHERE status IN (…)`) so a
-late or duplicate delivery cannot move a finished record (DESIGN §4)."""
+"""The journal's SQL, but an attempt's (`app.journal.attempts`). Every function takes a
+connection (from `Journal.transaction()` or `Journal.reading()`) and never commits: the
+caller owns the transaction. Every move of a status is guarded in SQL by its rule in
+`app.journal.transitions`, so a late or duplicate delivery cannot move a finished record."""
 
 from __future__ import annotations
 
@@ -467,12 +468,14 @@ def claim_as_enqueued(
     values: dict[str, Any] = {
         "status": RecordStatus.ENQUEUED.value,
         "queue_epoch": epoch,
-        "lease_owner": None,
-        "lease_expires_at": None,
         "updated_at": now,
     }
     if fresh_attempts:
         values |= {"attempts": 0, "next_attempt_at": None, "finished_at": None}
+    # Only a runnable record can hold a lease (an outcome clears it): the others' lease
+    # columns, and their index, are left as they are.
+    cleared = values | {"lease_owner": None, "lease_expires_at": None}
+    runnable = frozenset(sources(Event.ATTEMPT))
     claimed: list[str] = []
     for status, ids in by_status.items():
         terms = guard(event, status=unindexed_status, among=frozenset({status}), now=now)
@@ -481,7 +484,7 @@ def claim_as_enqueued(
         rows = conn.execute(
             update(records)
             .where(among(conn, records.c.id, ids), *terms)
-            .values(**values)
+            .values(**(cleared if status.value in runnable else values))
             .returning(records.c.id)
         )
         claimed.extend(row.id for row in rows)

@@ -4,6 +4,8 @@ The rest goes back on its queue."""
 
 from __future__ import annotations
 
+import threading
+from collections import Counter
 from datetime import timedelta
 
 import pytest
@@ -185,3 +187,28 @@ def test_rejected_records_are_replayed_only_when_asked_for(harness):
     assert (counts.matched, counts.enqueued) == (1, 1)
     assert queued_ids(rt.redis, "order") == [rejected]
     assert [r.status for r in harness.records()] == [RecordStatus.ENQUEUED]
+
+
+def test_two_replays_at_once_push_each_record_once(harness):
+    rt = harness.runtime()
+    other = harness.runtime()  # a second operator's replay, with its own connections
+    ids = journal_dead(rt, "refund", [{"business_no": f"T-{n}"} for n in range(3000)])
+    barrier = threading.Barrier(2)
+    results = []
+
+    def run(runtime) -> None:
+        barrier.wait(timeout=10)
+        results.append(
+            replay(runtime, ReplayFilter(line="refund"), dry_run=False, actor="t", clock=utcnow)
+        )
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in (rt, other)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert len(results) == 2
+    assert Counter(queued_ids(rt.redis, "refund")) == Counter(ids)  # each once, none twice
+    assert sum(r.enqueued for r in results) == len(ids)
+    # What one replay pushed, the other met as in flight (or never saw as dead).
+    assert all(r.enqueued + r.skipped_in_flight <= r.matched for r in results)
