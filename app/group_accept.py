@@ -98,7 +98,9 @@ class GroupAccept:
         now = time.monotonic()
         with self._lock:
             self._writers = [t for t in self._writers if t.is_alive()]
-            stuck = [s for s in self._busy_since.values() if now - s >= self._timeout_s]
+            # One C-level copy: the writers add and remove their entries meanwhile.
+            started = list(self._busy_since.values())
+            stuck = [s for s in started if now - s >= self._timeout_s]
             if self._closed or len(stuck) < len(self._writers):
                 return
             if len(self._writers) >= MAX_WRITERS:
