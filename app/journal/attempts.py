@@ -22,8 +22,6 @@ from app.journal.models import Record, RecordStatus, records
 from app.journal.store import among, unindexed_status
 from app.journal.transitions import TRANSITIONS, Event
 
-_NOW = NOW
-
 
 def new_owner() -> str:
     """A lease owner for attempts about to start in this process: `host:pid:nonce`. The
@@ -37,11 +35,11 @@ def _lease_values(lease_s: Any) -> dict[str, Any]:
         "attempts": records.c.attempts + 1,
         "lease_owner": bindparam("owner"),
         "lease_expires_at": db_time(bindparam("lease_until"), lease_s),
-        "updated_at": _NOW,
+        "updated_at": NOW,
     }
 
 
-def _outcome_values(to: RecordStatus, now: Any = _NOW) -> dict[str, Any]:
+def _outcome_values(to: RecordStatus, now: Any = NOW) -> dict[str, Any]:
     finished = to in (RecordStatus.DONE, RecordStatus.DEAD)
     return {
         "status": to.value,
@@ -52,7 +50,7 @@ def _outcome_values(to: RecordStatus, now: Any = _NOW) -> dict[str, Any]:
     }
 
 
-def _done_values(now: Any = _NOW) -> dict[str, Any]:
+def _done_values(now: Any = NOW) -> dict[str, Any]:
     return _outcome_values(RecordStatus.DONE, now) | {"next_attempt_at": None, "last_error": None}
 
 

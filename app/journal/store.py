@@ -255,21 +255,14 @@ def payloads(conn: Connection, record_ids: Sequence[str]) -> dict[str, dict[str,
     return {row[0]: row[1] for row in conn.execute(query)}
 
 
-def move(
-    conn: Connection,
-    record_ids: Iterable[str],
-    event: Event,
-    *,
-    now: datetime,
-    among_statuses: frozenset[RecordStatus] | None = None,
-) -> int:
-    """Apply `event` to the records of `record_ids` that it may move (its sources,
-    narrowed to `among_statuses`; its lease rule). Returns how many moved."""
+def move(conn: Connection, record_ids: Iterable[str], event: Event, *, now: datetime) -> int:
+    """Apply `event` to the records of `record_ids` that it may move (its sources and its
+    lease rule). Returns how many moved."""
     to = TRANSITIONS[event].to
     if to is None:
         raise ValueError(f"{event.value} does not name the status it moves to")
     values = {"status": to.value, "updated_at": now}
-    return _update_by_id(conn, record_ids, event, values, now=now, among_statuses=among_statuses)
+    return _update_by_id(conn, record_ids, event, values, now=now)
 
 
 def _update_by_id(
@@ -279,14 +272,13 @@ def _update_by_id(
     values: dict[str, Any],
     *,
     now: datetime,
-    among_statuses: frozenset[RecordStatus] | None = None,
 ) -> int:
     """Set `values` on the records of `record_ids` that `event` may move. Returns how
     many changed."""
     ids = list(record_ids)
     if not ids:
         return 0
-    terms = guard(event, status=unindexed_status, among=among_statuses, now=now)
+    terms = guard(event, status=unindexed_status, now=now)
     result = conn.execute(
         update(records).where(among(conn, records.c.id, ids), *terms).values(**values)
     )
