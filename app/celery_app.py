@@ -10,7 +10,7 @@ from typing import Any
 from celery import Celery
 from kombu.entity import Queue
 
-from app.admission import TASK_NAME
+from app.delivery.push import TASK_NAME
 from app.errors import UnboundedPublish
 from app.redis_client import redis_options
 from app.settings import BRPOP_TIMEOUT_S, Settings, load_settings
@@ -24,7 +24,7 @@ class PipelineCelery(Celery):  # type: ignore[misc]  # Celery ships no type hint
     """A Celery app that carries the pipeline's settings.
 
     Publishing the pipeline's task through Celery (`send_task`, and so `apply_async`, which
-    calls it) raises `UnboundedPublish`: those messages go through `app.admission`, whose
+    calls it) raises `UnboundedPublish`: those messages go through `app.delivery.push`, whose
     push checks the line's bound atomically; Celery's path would skip it."""
 
     pipeline_settings: Settings

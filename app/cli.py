@@ -46,7 +46,7 @@ def up(
 ) -> None:
     """Run the whole stack in the foreground; Ctrl-C stops it all."""
     from app.lines import LineRegistry  # noqa: PLC0415 - only `up` and the components need it
-    from app.supervisor import run_stack  # noqa: PLC0415
+    from app.local.supervisor import run_stack  # noqa: PLC0415
 
     settings = _settings()
     LineRegistry.from_settings(settings)  # a bad line setting stops us before any child starts
@@ -157,7 +157,7 @@ def flower(
 ) -> None:
     """Run Flower, Celery's dashboard, over the pipeline's broker, behind basic auth."""
     from app.celery_app import create_celery  # noqa: PLC0415
-    from app.flower import flower_argv, generated_basic_auth  # noqa: PLC0415
+    from app.local.flower import flower_argv, generated_basic_auth  # noqa: PLC0415
 
     settings = _settings()
     if settings.flower_basic_auth is None:
@@ -218,8 +218,8 @@ def bench(
 def status() -> None:
     """Show each line: queue depth / bound, policy, journal counts, oldest unfinished age."""
     from app.clock import utcnow  # noqa: PLC0415
+    from app.observe.line_view import line_statuses  # noqa: PLC0415
     from app.runtime import Runtime  # noqa: PLC0415
-    from app.status import line_statuses  # noqa: PLC0415
 
     rt = Runtime.build(_settings())
     try:
@@ -269,8 +269,8 @@ def replay(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn  # noqa: PLC0415
 
     from app.clock import utcnow  # noqa: PLC0415
-    from app.replay import DEFAULT_STATUSES, ReplayFilter, count_matching  # noqa: PLC0415
-    from app.replay import replay as run_replay  # noqa: PLC0415
+    from app.recovery.replay import DEFAULT_STATUSES, ReplayFilter, count_matching  # noqa: PLC0415
+    from app.recovery.replay import replay as run_replay  # noqa: PLC0415
     from app.runtime import Runtime  # noqa: PLC0415
 
     where = ReplayFilter(
@@ -323,8 +323,8 @@ def replay(
 @schedules_cli.command("list")
 def schedules_list() -> None:
     """Show every schedule."""
-    from app import schedules  # noqa: PLC0415
     from app.journal.engine import make_engine  # noqa: PLC0415
+    from app.schedules import store as schedules  # noqa: PLC0415
 
     engine = make_engine(_settings().database_url)
     try:
@@ -361,10 +361,10 @@ def schedules_add(
     replace: Annotated[bool, typer.Option("--replace", help="Change an existing one.")] = False,
 ) -> None:
     """Add (or, with --replace, change) a schedule. Beat picks it up within seconds."""
-    from app import schedules  # noqa: PLC0415
     from app.clock import utcnow  # noqa: PLC0415
     from app.journal.engine import make_engine  # noqa: PLC0415
     from app.lines import LineRegistry  # noqa: PLC0415
+    from app.schedules import store as schedules  # noqa: PLC0415
 
     settings = _settings()
     cron_expr, body, policy = schedules.validate(
@@ -399,9 +399,9 @@ def schedules_add(
 
 
 def _schedule_change(name: str, action: str) -> None:
-    from app import schedules  # noqa: PLC0415
     from app.clock import utcnow  # noqa: PLC0415
     from app.journal.engine import make_engine  # noqa: PLC0415
+    from app.schedules import store as schedules  # noqa: PLC0415
 
     engine = make_engine(_settings().database_url)
     try:

@@ -60,7 +60,7 @@ class BrokerUnavailable(PipelineError):
 
 
 class UnboundedPublish(PipelineError):
-    """Pipeline tasks are published only through bounded admission (app.admission)."""
+    """Pipeline tasks are published only through bounded admission (app.delivery.push)."""
 
     code = "unbounded_publish"
 

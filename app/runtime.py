@@ -8,16 +8,16 @@ import httpx
 import redis
 from sqlalchemy import Engine
 
-from app.admission import Admission
-from app.alerts import Alerter
 from app.clock import utcnow
+from app.delivery.push import Admission
+from app.delivery.sinks import make_http_client
 from app.journal.engine import make_engine
 from app.journal.journal import Journal
 from app.lines import LineRegistry
+from app.observe.alerts import Alerter
+from app.observe.telemetry import Telemetry
 from app.redis_client import make_redis, redis_options
 from app.settings import Settings
-from app.sinks import make_http_client
-from app.telemetry import Telemetry
 
 
 @dataclass(frozen=True, kw_only=True)

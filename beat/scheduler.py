@@ -15,13 +15,13 @@ from celery.schedules import schedule
 from app.clock import utcnow
 from app.errors import PipelineError
 from app.logs import get_logger
-from app.lost_messages import recover_lost
-from app.monitor import monitor
-from app.retention import purge
+from app.observe.monitor import monitor
+from app.observe.webhooks import Event
+from app.recovery.lost_messages import recover_lost
+from app.recovery.retention import purge
+from app.recovery.sweeper import sweep
 from app.runtime import Runtime
-from app.sweeper import sweep
-from app.webhooks import Event
-from beat.fires import fire_due
+from app.schedules.fires import fire_due
 from beat.lock import BeatLock
 
 log = get_logger(__name__)

@@ -14,9 +14,9 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
 
-from app.embedded_redis import RedisServer
 from app.journal.engine import make_engine
 from app.journal.schema import upgrade
+from app.local.embedded_redis import RedisServer
 from tests.support.harness import Harness
 from tests.support.processes import free_port
 

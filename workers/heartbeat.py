@@ -11,8 +11,8 @@ import redis
 from celery.signals import worker_ready, worker_shutdown
 
 from app.clock import utcnow
-from app.liveness import clear_heartbeat, publish_heartbeat
 from app.logs import get_logger
+from app.observe.liveness import clear_heartbeat, publish_heartbeat
 from app.redis_client import make_redis, redis_options
 
 log = get_logger(__name__)

@@ -1,7 +1,7 @@
 """The task every line's worker runs: one attempt of a journal record, or of each record
 of a batch.
 
-Its message comes from `app.admission` (or Celery's own publisher); the (first) record id
+Its message comes from `app.delivery.push` (or Celery's own publisher); the (first) record id
 is the task id. Retries are owned by the journal, not by countdown messages (DESIGN §6)."""
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ from typing import Any
 from celery import Task, shared_task
 from celery.exceptions import Reject
 
-from app.admission import TASK_NAME
 from app.clock import utcnow
+from app.delivery.push import TASK_NAME
+from app.delivery.runner import run_record, run_table_sink_batch
 from app.errors import JournalUnavailable
 from app.lines import Line
 from app.logs import get_logger
-from app.runner import run_record, run_table_sink_batch
 from app.runtime import Runtime
 from workers import (
     heartbeat,  # noqa: F401 - connects the heartbeat to the worker's signals

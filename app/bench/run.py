@@ -22,7 +22,6 @@ import httpx
 import redis
 from sqlalchemy import insert, select
 
-from app.admission import build_message
 from app.bench.load import Request, prepare_wrk, run_load, run_prepared_wrk, run_wrk
 from app.bench.procs import RssSampler, log_path, wait_until
 from app.bench.reference import NOOP_QUEUE, NOOP_TASK
@@ -35,6 +34,7 @@ from app.bench.stack import (
     plain_request,
     signed_request,
 )
+from app.delivery.push import build_message
 from app.journal.engine import make_engine
 from app.journal.models import (
     RecordStatus,
@@ -42,7 +42,7 @@ from app.journal.models import (
     records,
 )
 from app.lines import TABLE_SINK_BATCH
-from app.replay import ReplayFilter, replay
+from app.recovery.replay import ReplayFilter, replay
 from app.runtime import Runtime
 from app.settings import load_settings
 

@@ -19,7 +19,6 @@ from sqlalchemy import delete, func, select, text
 
 from app.bench.load import LoadResult, Request, wrk_path
 from app.bench.procs import free_port, listening, log_path, wait_until
-from app.embedded_redis import RedisServer, answers
 from app.intake.signing import sign
 from app.journal.engine import make_engine
 from app.journal.models import (
@@ -31,7 +30,8 @@ from app.journal.models import (
     replays,
 )
 from app.journal.schema import upgrade
-from app.supervisor import STOP_TIMEOUT_S, Child
+from app.local.embedded_redis import RedisServer, answers
+from app.local.supervisor import STOP_TIMEOUT_S, Child
 
 KEY_ID, SECRET = "bench", "bench-secret"
 # Big enough that no scenario meets the bound: the bench measures the normal path.

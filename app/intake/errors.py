@@ -11,8 +11,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app import errors
 from app.logs import get_logger
+from app.observe.telemetry import Counter, Outcome
 from app.runtime import Runtime
-from app.telemetry import Counter, Outcome
 
 log = get_logger(__name__)
 

@@ -10,7 +10,7 @@ from typing import Any
 from fastapi import FastAPI
 
 from app.clock import utcnow
-from app.group_accept import GroupAccept
+from app.delivery.group_commit import GroupAccept
 from app.intake import errors, routes
 from app.intake.limits import RequestLimits
 from app.intake.pacing import pacers_for

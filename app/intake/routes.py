@@ -18,6 +18,8 @@ from sqlalchemy import text
 from starlette.concurrency import run_in_threadpool
 
 from app.clock import utcnow
+from app.delivery.group_commit import GroupAccept
+from app.delivery.runner import run_record
 from app.errors import (
     AdminForbidden,
     AdminRequired,
@@ -26,7 +28,6 @@ from app.errors import (
     NonceReused,
     RecordNotFound,
 )
-from app.group_accept import GroupAccept
 from app.ids import new_id
 from app.intake.body import body_digest, parse_payload, read_body
 from app.intake.pacing import Pacer
@@ -34,12 +35,11 @@ from app.intake.signing import Caller, verify
 from app.journal import store
 from app.journal.models import RecordStatus, Source
 from app.journal.store import NewRecord, RecordFilter
-from app.metrics import CONTENT_TYPE, render
-from app.replay import DEFAULT_STATUSES, ReplayFilter, replay
-from app.runner import run_record
+from app.observe.line_view import line_statuses, public
+from app.observe.metrics import CONTENT_TYPE, render
+from app.observe.telemetry import Counter, Outcome, recent_alerts
+from app.recovery.replay import DEFAULT_STATUSES, ReplayFilter, replay
 from app.runtime import Runtime
-from app.status import line_statuses, public
-from app.telemetry import Counter, Outcome, recent_alerts
 
 router = APIRouter()
 STATUS_PAGE = resources.files("app.intake").joinpath("static", "status.html")

@@ -16,8 +16,8 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DisconnectionError, SQLAlchemyError
 
 from app.errors import ConfigError
-from app.journal.sqlite_checkpoints import AUTOCHECKPOINT_OFF, Checkpointer
-from app.journal.sqlite_writers import WriterTurnConnection, begin_in_turn, lock_path_for
+from app.journal.sqlite.checkpoints import AUTOCHECKPOINT_OFF, Checkpointer
+from app.journal.sqlite.writers import WriterTurnConnection, begin_in_turn, lock_path_for
 
 # How long a SQLite writer waits for the lock before the journal counts as unavailable.
 SQLITE_BUSY_TIMEOUT_S = 30
@@ -172,7 +172,7 @@ def _sqlite_engine(url: str) -> Engine:
     def _on_begin(connection: Any) -> None:
         # Take the write lock up front: a deferred transaction that reads, then writes,
         # can fail at once with SQLITE_BUSY instead of waiting for the lock.
-        # Writers take turns first (app.journal.sqlite_writers says why).
+        # Writers take turns first (app.journal.sqlite.writers says why).
         begin_in_turn(connection.connection.dbapi_connection, timeout_s=SQLITE_BUSY_TIMEOUT_S)
 
     if checkpointer is not None:

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import httpx
 
-from app.embedded_redis import RedisServer
 from app.journal.models import RecordStatus
+from app.local.embedded_redis import RedisServer
 from tests.support.harness import Harness
 from tests.support.processes import Component, free_port, wait_for
 from tests.support.recorder import Recorder

@@ -15,8 +15,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from app.admission import EPOCH_KEY
-from app.embedded_redis import answers, server_binary
+from app.delivery.push import EPOCH_KEY
+from app.local.embedded_redis import answers, server_binary
 from tests.support.messages import queued_ids
 from tests.support.processes import free_port, wait_for
 from tests.support.runs import overlapping, runs_by_record, use_runs_log

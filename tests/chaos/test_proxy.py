@@ -10,8 +10,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from app.embedded_redis import RedisServer
-from app.liveness import live_workers
+from app.local.embedded_redis import RedisServer
+from app.observe.liveness import live_workers
 from tests.support.processes import free_port
 from tests.support.proxy import IdleProxy
 

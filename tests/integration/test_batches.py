@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 
-from app.acceptance import accept_many
 from app.clock import utcnow
+from app.delivery.accept import accept_many
 from app.journal.models import RecordStatus
 from app.lines import TABLE_SINK_BATCH
 from tests.integration.test_journal import new_record

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from app.embedded_redis import answers
+from app.local.embedded_redis import answers
 from tests.support.processes import REPO, free_port, group_alive, wait_for
 
 PIPELINE = str(Path(sys.executable).with_name("pipeline"))

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from kombu import Connection
 
-from app.embedded_redis import RedisServer
+from app.local.embedded_redis import RedisServer
 from app.redis_client import DEFAULT_OPTIONS, make_redis
 from tests.support.proxy import IdleProxy
 from workers import kombu_patches  # noqa: F401 - the worker's changes to kombu's transport

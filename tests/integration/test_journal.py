@@ -13,10 +13,11 @@ import pytest
 import redis
 from sqlalchemy import event
 
-from app.acceptance import Acceptance, accept_many
-from app.admission import TASK_NAME
 from app.celery_app import create_celery
 from app.clock import utcnow
+from app.delivery.accept import Acceptance, accept_many
+from app.delivery.push import TASK_NAME
+from app.delivery.runner import run_record
 from app.errors import UnboundedPublish
 from app.ids import new_id
 from app.journal import attempts, store
@@ -26,9 +27,8 @@ from app.journal.models import RecordStatus, Source
 from app.journal.schema import upgrade
 from app.journal.store import NewRecord
 from app.journal.transitions import Event as TransitionEvent
-from app.retention import purge
-from app.runner import run_record
-from app.sweeper import sweep
+from app.recovery.retention import purge
+from app.recovery.sweeper import sweep
 from tests.support.journal import force_status
 from tests.support.messages import queued_ids
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import threading
 
-from app.admission import Admission
 from app.clock import utcnow
-from app.replay import ReplayFilter, replay
+from app.delivery.push import Admission
+from app.recovery.replay import ReplayFilter, replay
 from tests.support.processes import wait_for
 from tests.support.runs import overlapping, runs_by_record, use_runs_log
 

@@ -9,7 +9,7 @@ import pytest
 
 from app.clock import utcnow
 from app.journal.models import RecordStatus
-from app.sweeper import sweep
+from app.recovery.sweeper import sweep
 from tests.support.journal import journal_records
 
 

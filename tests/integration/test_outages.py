@@ -8,8 +8,8 @@ import pytest
 from sqlalchemy import create_engine
 from sqlalchemy.pool import NullPool
 
-from app.embedded_redis import RedisServer
 from app.journal import engine as journal_engine
+from app.local.embedded_redis import RedisServer
 from tests.support.processes import free_port
 
 

@@ -11,7 +11,7 @@ from collections import Counter
 
 from app.clock import utcnow
 from app.journal.models import RecordStatus
-from app.lost_messages import recover_lost
+from app.recovery.lost_messages import recover_lost
 from tests.support.journal import journal_records
 from tests.support.messages import message_args, queued_ids
 from tests.support.processes import wait_for

@@ -14,7 +14,7 @@ from sqlalchemy import insert
 from app.clock import utcnow
 from app.errors import ConfigError
 from app.journal.models import RecordStatus, order_status, orders
-from app.replay import ReplayFilter, replay
+from app.recovery.replay import ReplayFilter, replay
 from app.settings import load_settings
 from tests.support.journal import journal_records
 from tests.support.messages import queued_ids

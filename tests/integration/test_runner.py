@@ -10,8 +10,8 @@ import random
 from sqlalchemy import update
 
 from app.clock import utcnow
+from app.delivery.runner import run_record
 from app.journal.models import RecordStatus, records
-from app.runner import run_record
 from tests.support.journal import journal_records
 
 

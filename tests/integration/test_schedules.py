@@ -12,11 +12,11 @@ import pytest
 from sqlalchemy import update
 
 from app.clock import utcnow
-from app.cron import Misfire
 from app.journal.models import RecordStatus
 from app.journal.models import schedules as schedules_table
-from app.schedules import add, set_enabled
-from beat.fires import fire_due
+from app.schedules.cron import Misfire
+from app.schedules.fires import fire_due
+from app.schedules.store import add, set_enabled
 from tests.support.processes import REPO, wait_for
 
 START = datetime(2026, 5, 1, 10, 0, 0, tzinfo=UTC)

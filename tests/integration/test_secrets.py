@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 from sqlalchemy.engine import make_url
 
-from app.embedded_redis import RedisServer
+from app.local.embedded_redis import RedisServer
 from tests.support.harness import signed_headers
 from tests.support.processes import free_port, wait_for
 from tests.support.recorder import Recorder

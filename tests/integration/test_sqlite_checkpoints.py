@@ -1,5 +1,5 @@
 """A SQLite journal's WAL is copied back into the database by a thread of the process
-(app.journal.sqlite_checkpoints), not by whichever commit fills it, and the thread goes
+(app.journal.sqlite.checkpoints), not by whichever commit fills it, and the thread goes
 with its engine."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""SQLite's writers take turns through a lock file (app.journal.sqlite_writers): a journal
+"""SQLite's writers take turns through a lock file (app.journal.sqlite.writers): a journal
 transaction holds it from BEGIN to its end, every write still lands, a writer that never
 gets its turn fails as SQLite's own timeout does, and a forked child never keeps its
 parent's turn."""
@@ -21,7 +21,7 @@ import pytest
 from sqlalchemy import Engine, text
 
 from app.journal.engine import make_engine
-from app.journal.sqlite_writers import WriterTurnConnection, lock_path_for
+from app.journal.sqlite.writers import WriterTurnConnection, lock_path_for
 from tests.support.processes import KILLED_EXIT_TIMEOUT_S, REPO, wait_for
 
 pytestmark = pytest.mark.journal_independent

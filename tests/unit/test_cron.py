@@ -5,7 +5,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from app.cron import Misfire, check_cron, check_timezone, fires_between, plan
+from app.schedules.cron import Misfire, check_cron, check_timezone, fires_between, plan
 
 BERLIN = ZoneInfo("Europe/Berlin")
 

@@ -9,11 +9,11 @@ from datetime import UTC, datetime
 
 from pydantic import SecretStr
 
+from app.delivery.sinks import redact_url
+from app.observe.throttle import Throttle
+from app.observe.webhooks import AlertEvent, Event, build_request, dingtalk_sign
 from app.redis_client import masked_url
 from app.settings import WebhookKind, WebhookSettings
-from app.sinks import redact_url
-from app.throttle import Throttle
-from app.webhooks import AlertEvent, Event, build_request, dingtalk_sign
 
 ALERT = AlertEvent(
     event=Event.QUEUE_FULL,

@@ -11,10 +11,10 @@ from typing import Any
 from pydantic import ValidationError
 from sqlalchemy import Connection, delete, insert, or_, select, update
 
-from app.cron import Misfire, check_cron, check_timezone, next_fire
 from app.errors import InvalidSchedule, ScheduleNotFound
 from app.journal.models import schedules
 from app.lines import LineRegistry
+from app.schedules.cron import Misfire, check_cron, check_timezone, next_fire
 
 NAME_PATTERN_MAX = 128
 

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from app.acceptance import accept
-from app.cron import next_fire, plan
+from app.delivery.accept import accept
 from app.errors import PipelineError
 from app.ids import new_id
 from app.intake.body import body_digest
@@ -15,7 +14,8 @@ from app.journal.models import Source
 from app.journal.store import NewRecord
 from app.logs import get_logger
 from app.runtime import Runtime
-from app.schedules import Schedule, fire_payload, list_all, record_fired
+from app.schedules.cron import next_fire, plan
+from app.schedules.store import Schedule, fire_payload, list_all, record_fired
 from app.settings import Overflow
 
 log = get_logger(__name__)

@@ -19,9 +19,9 @@ from app.journal import store
 from app.journal.models import Record, RecordStatus
 from app.lines import Line
 from app.logs import get_logger
+from app.observe.telemetry import Counter
+from app.observe.webhooks import Event
 from app.runtime import Runtime
-from app.telemetry import Counter
-from app.webhooks import Event
 
 log = get_logger(__name__)
 

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Sequence
 from datetime import datetime
 
-from app.acceptance import Acceptance, accept_many
+from app.delivery.accept import Acceptance, accept_many
 from app.errors import JournalUnavailable
 from app.journal.store import NewRecord
 from app.logs import get_logger

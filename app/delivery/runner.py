@@ -10,16 +10,16 @@ from datetime import datetime
 
 from sqlalchemy import Connection
 
-from app.backoff import decide
+from app.delivery.backoff import decide
+from app.delivery.sinks import deliver_http, write_table_sink, write_table_sink_all
 from app.errors import JournalUnavailable
 from app.journal import attempts
 from app.journal.models import Record, RecordStatus
 from app.lines import Line
 from app.logs import get_logger
+from app.observe.telemetry import Counter
+from app.observe.webhooks import Event
 from app.runtime import Runtime
-from app.sinks import deliver_http, write_table_sink, write_table_sink_all
-from app.telemetry import Counter
-from app.webhooks import Event
 
 log = get_logger(__name__)
 

@@ -16,9 +16,9 @@ from app.journal.store import NewRecord
 from app.journal.transitions import Event as TransitionEvent
 from app.lines import Line
 from app.logs import get_logger
+from app.observe.webhooks import Event
 from app.runtime import Runtime
 from app.settings import Overflow
-from app.webhooks import Event
 
 log = get_logger(__name__)
 
@@ -28,7 +28,7 @@ class Acceptance:
     """The stored record, its status after admission, and whether this call created it.
 
     `caller_runs` means the queue was full under that policy: the caller must now run the
-    record itself (`app.runner.run_record`) before it answers."""
+    record itself (`app.delivery.runner.run_record`) before it answers."""
 
     record: Record
     status: RecordStatus

@@ -11,9 +11,9 @@ import redis
 from app.errors import BrokerUnavailable, JournalUnavailable
 from app.journal.models import RecordStatus
 from app.logs import get_logger
+from app.observe.line_view import LineStatus, line_statuses
+from app.observe.webhooks import Event
 from app.runtime import Runtime
-from app.status import LineStatus, line_statuses
-from app.webhooks import Event
 
 log = get_logger(__name__)
 

@@ -1,6 +1,6 @@
 """Messages Redis lost in part: found by looking, pushed again.
 
-The epoch (`app.admission`) tells when Redis lost everything. A partial loss leaves the
+The epoch (`app.delivery.push`) tells when Redis lost everything. A partial loss leaves the
 epoch: a failover to a replica that lagged, the last second of an append-only file, a
 message acked by a hard time limit, a single message removed by hand, a sweeper killed
 between its claim and its push. Run by the active beat every
@@ -23,10 +23,10 @@ from app.errors import BrokerUnavailable
 from app.journal import store
 from app.lines import Line
 from app.logs import get_logger
+from app.observe.telemetry import Counter
+from app.observe.webhooks import Event
+from app.recovery.sweeper import push_claimed
 from app.runtime import Runtime
-from app.sweeper import push_claimed
-from app.telemetry import Counter
-from app.webhooks import Event
 
 log = get_logger(__name__)
 

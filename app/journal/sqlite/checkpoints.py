@@ -3,7 +3,7 @@ commit that happens to fill it.
 
 By default SQLite checkpoints a WAL of 1,000 pages or more inside the commit that crossed
 that size: that commit copies the pages and syncs the database file before it returns,
-and its writer keeps the writers' turn (`app.journal.sqlite_writers`) all that time, so
+and its writer keeps the writers' turn (`app.journal.sqlite.writers`) all that time, so
 every writer of every line waits behind it. Our connections turn that off
 (`PRAGMA wal_autocheckpoint=0`), and a daemon thread per engine and process runs a
 passive checkpoint every `CHECKPOINT_EVERY_S` on a connection of its own, outside any turn: a

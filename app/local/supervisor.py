@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
-from app.embedded_redis import RedisServer, answers
-from app.flower import generated_basic_auth
 from app.journal.engine import make_engine
 from app.journal.schema import upgrade
+from app.local.embedded_redis import RedisServer, answers
+from app.local.flower import generated_basic_auth
 from app.redis_client import masked_url
 from app.settings import Settings
 

@@ -16,6 +16,7 @@ from datetime import datetime
 
 import httpx
 
+from app.delivery.sinks import newest_statuses, payload_occurred_at, stored_rows
 from app.ids import new_id
 from app.journal import store
 from app.journal.models import UNFINISHED, RecordStatus
@@ -23,10 +24,9 @@ from app.journal.store import RecordFilter, RecordKey
 from app.journal.transitions import Event as TransitionEvent
 from app.lines import Line
 from app.logs import get_logger
+from app.observe.webhooks import Event
 from app.runtime import Runtime
 from app.settings import CHECK_URL_ID
-from app.sinks import newest_statuses, payload_occurred_at, stored_rows
-from app.webhooks import Event
 
 log = get_logger(__name__)
 

@@ -7,7 +7,7 @@ from datetime import datetime
 
 from app.errors import BrokerUnavailable
 from app.journal import store
-from app.liveness import live_workers
+from app.observe.liveness import live_workers
 from app.runtime import Runtime
 
 

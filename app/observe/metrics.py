@@ -1,7 +1,7 @@
 """`GET /metrics`: the pipeline in Prometheus text, read at scrape time.
 
 Queue depth and live workers come from Redis, counts by status and the oldest unfinished
-record from the journal, counters from the hash every process adds to (`app.telemetry`).
+record from the journal, counters from the hash every process adds to (`app.observe.telemetry`).
 A part whose source does not answer is left out, and `pipeline_redis_up` or
 `pipeline_journal_up` says so: a scrape never fails because a dependency did."""
 
@@ -16,9 +16,9 @@ from prometheus_client.registry import Collector
 
 from app.errors import BrokerUnavailable, JournalUnavailable
 from app.journal.models import RecordStatus
+from app.observe.line_view import JournalView, QueueView, journal_view, queue_views
+from app.observe.telemetry import Counter, Outcome, decode, read_counters
 from app.runtime import Runtime
-from app.status import JournalView, QueueView, journal_view, queue_views
-from app.telemetry import Counter, Outcome, decode, read_counters
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 

@@ -14,10 +14,10 @@ from typing import Any
 import httpx
 
 from app.logs import get_logger
+from app.observe.telemetry import Counter, Telemetry
+from app.observe.throttle import Throttle
+from app.observe.webhooks import AlertEvent, Event, build_request
 from app.settings import Settings
-from app.telemetry import Counter, Telemetry
-from app.throttle import Throttle
-from app.webhooks import AlertEvent, Event, build_request
 
 log = get_logger(__name__)
 

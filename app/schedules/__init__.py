@@ -1,0 +1,1 @@
+"""Cron schedules: cron arithmetic and misfire decisions, schedule storage, firing them."""
