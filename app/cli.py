@@ -6,7 +6,7 @@ import getpass
 import json
 import os
 import sys
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 from sqlalchemy.exc import SQLAlchemyError
 
+from app.clock import as_utc
 from app.errors import ConfigError, PipelineError
 from app.journal.models import RecordStatus
 from app.logs import configure_logging
@@ -218,12 +219,11 @@ def bench(
 def status() -> None:
     """Show each line: queue depth / bound, policy, journal counts, oldest unfinished age."""
     from app.clock import utcnow  # noqa: PLC0415
-    from app.observe.line_view import line_statuses  # noqa: PLC0415
     from app.runtime import Runtime  # noqa: PLC0415
 
     rt = Runtime.build(_settings())
     try:
-        rows = line_statuses(rt, now=utcnow())
+        rows = rt.view.line_statuses(now=utcnow())
     finally:
         rt.close()
     table = Table("line", "depth / bound", "policy", "live workers", "counts", "oldest unfinished")
@@ -245,7 +245,7 @@ def _time_option(value: str | None, name: str) -> datetime | None:
         parsed = datetime.fromisoformat(value)
     except ValueError:
         raise typer.BadParameter(f"{value!r} is not an ISO 8601 time", param_hint=name) from None
-    return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed
+    return as_utc(parsed)
 
 
 @cli.command()
@@ -269,8 +269,7 @@ def replay(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn  # noqa: PLC0415
 
     from app.clock import utcnow  # noqa: PLC0415
-    from app.recovery.replay import DEFAULT_STATUSES, ReplayFilter, count_matching  # noqa: PLC0415
-    from app.recovery.replay import replay as run_replay  # noqa: PLC0415
+    from app.recovery.replay import DEFAULT_STATUSES, ReplayFilter  # noqa: PLC0415
     from app.runtime import Runtime  # noqa: PLC0415
 
     where = ReplayFilter(
@@ -284,12 +283,11 @@ def replay(
     try:
         if line is not None:
             rt.lines.get(line)
-        total = count_matching(rt, where)
+        total = rt.replayer.count_matching(where)
         columns = (TextColumn("replay"), BarColumn(), MofNCompleteColumn())
         with Progress(*columns, console=Console(stderr=True)) as progress:
             task = progress.add_task("replay", total=total)
-            counts = run_replay(
-                rt,
+            counts = rt.replayer.replay(
                 where,
                 dry_run=dry_run,
                 actor=f"cli:{getpass.getuser()}",

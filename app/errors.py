@@ -1,28 +1,40 @@
 """The pipeline's one error tree.
 
     PipelineError
-    ├── ConfigError            a setting is invalid; the process must not start
-    ├── JournalUnavailable     the journal database cannot be reached or written
-    ├── BrokerUnavailable      Redis cannot be reached
-    ├── UnboundedPublish       a pipeline task was published around bounded admission
-    ├── UnknownLine            no business line has that name
-    ├── InvalidPayload         the body is not a valid payload for its line
-    ├── PayloadTooLarge        the body is over the size limit
-    ├── RequestTimeout         the body did not arrive in time
-    ├── HeadersTooLarge        the request's headers are over the limit
-    ├── Overloaded             the intake has too many requests in flight
-    ├── RateLimited            a line's requests are over its intake rate
-    ├── BadSignature           the request is not authenticated
-    ├── NonceReused            a known nonce came back with a different body
-    ├── AdminRequired          an admin endpoint was called without a token
-    ├── AdminForbidden         an admin endpoint was called with a wrong token
-    ├── RecordNotFound         no journal record has that id
-    ├── InvalidSchedule        a schedule's cron, zone, line or payload is invalid
-    ├── ScheduleNotFound       no schedule has that name
-    └── DeliveryFailed         a sink could not deliver a record (the attempt failed)
+    ├── ConfigError              a setting is invalid; the process must not start
+    ├── Unavailable              something it needs does not answer now: try again later
+    │   ├── JournalUnavailable   the journal database cannot be reached or written
+    │   ├── BrokerUnavailable    Redis cannot be reached
+    │   ├── Overloaded           the intake has too many requests in flight
+    │   ├── ShuttingDown         the process is stopping
+    │   └── NotReady             a readiness check failed (names what)
+    ├── Invalid                  the request itself is wrong: sending it again will not help
+    │   ├── InvalidPayload       the body is not a valid payload for its line
+    │   │   └── MalformedBody    the body is not JSON
+    │   ├── PayloadTooLarge      the body is over the size limit
+    │   ├── HeadersTooLarge      the request's headers are over the limit
+    │   ├── RequestTimeout       the body did not arrive in time
+    │   └── InvalidSchedule      a schedule's cron, zone, line or payload is invalid
+    ├── NotFound                 what the request names does not exist
+    │   ├── UnknownLine          no business line has that name
+    │   ├── RecordNotFound       no journal record has that id
+    │   └── ScheduleNotFound     no schedule has that name
+    ├── Refused                  the request is understood and refused
+    │   ├── Unauthenticated      who sent it is not known
+    │   │   ├── BadSignature     the request's signature is missing or invalid
+    │   │   └── AdminRequired    an admin endpoint was called without a token
+    │   ├── Forbidden            AdminForbidden: an admin endpoint was called with a wrong token
+    │   ├── Conflict             NonceReused: a known nonce came back with another body
+    │   └── Throttled            try again after `retry_after_s`
+    │       ├── RateLimited      a line's requests are over its intake rate
+    │       └── QueueFull        a line's queue is full under `reject` (the record is kept)
+    ├── DeliveryFailed           a sink could not deliver a record (the attempt failed)
+    └── UnboundedPublish         a pipeline task was published around the bounded push
 
-A class's docstring is its default message. The HTTP layer maps the tree to status
-codes in one place (`app.intake.errors`); nothing below it knows about HTTP.
+A class's docstring is its default message. The HTTP layer maps the middle categories
+(and the few leaves whose status code differs from theirs) to status codes in one place
+(`app.intake.errors`); nothing below it knows about HTTP. `details` are fields an answer
+carries beside the error (a rejected record's id, the checks that failed).
 """
 
 from __future__ import annotations
@@ -32,9 +44,13 @@ class PipelineError(Exception):
     """The pipeline failed."""
 
     code = "pipeline_error"
+    # Whether the message may be shown to a caller even when it is our failure (a 5xx):
+    # only where we wrote it from nothing but the failure's name.
+    message_is_public = False
 
-    def __init__(self, message: str | None = None) -> None:
+    def __init__(self, message: str | None = None, **details: object) -> None:
         super().__init__(message or (self.__doc__ or "").strip())
+        self.details = details
 
     @property
     def message(self) -> str:
@@ -47,107 +63,182 @@ class ConfigError(PipelineError):
     code = "config_error"
 
 
-class JournalUnavailable(PipelineError):
+class Unavailable(PipelineError):
+    """The service is unavailable; try again later."""
+
+    code = "unavailable"
+
+
+class Invalid(PipelineError):
+    """The request is invalid."""
+
+    code = "invalid_request"
+
+
+class NotFound(PipelineError):
+    """Not found."""
+
+    code = "not_found"
+
+
+class Refused(PipelineError):
+    """The request was refused."""
+
+    code = "refused"
+
+
+class Unauthenticated(Refused):
+    """The request is not authenticated."""
+
+    code = "unauthenticated"
+
+
+class Forbidden(Refused):
+    """The request is not allowed."""
+
+    code = "forbidden"
+
+
+class Conflict(Refused):
+    """The request conflicts with what is stored."""
+
+    code = "conflict"
+
+
+class Throttled(Refused):
+    """Too many requests; try again after `retry_after_s` seconds."""
+
+    code = "throttled"
+
+    def __init__(
+        self, message: str | None = None, *, retry_after_s: int = 1, **details: object
+    ) -> None:
+        super().__init__(message, **details)
+        self.retry_after_s = retry_after_s
+
+
+class JournalUnavailable(Unavailable):
     """The journal is unavailable; nothing was accepted."""
 
     code = "journal_unavailable"
 
 
-class BrokerUnavailable(PipelineError):
+class BrokerUnavailable(Unavailable):
     """Redis is unavailable."""
 
     code = "broker_unavailable"
 
 
 class UnboundedPublish(PipelineError):
-    """Pipeline tasks are published only through bounded admission (app.delivery.push)."""
+    """Pipeline tasks are published only through the bounded push (app.delivery.push)."""
 
     code = "unbounded_publish"
 
 
-class UnknownLine(PipelineError):
+class UnknownLine(NotFound):
     """No business line has that name."""
 
     code = "unknown_line"
 
 
-class InvalidPayload(PipelineError):
+class InvalidPayload(Invalid):
     """The body is not a valid payload."""
 
     code = "invalid_payload"
 
 
-class PayloadTooLarge(PipelineError):
+class PayloadTooLarge(Invalid):
     """The body is over the size limit."""
 
     code = "payload_too_large"
 
 
-class RequestTimeout(PipelineError):
+class MalformedBody(InvalidPayload):
+    """The body is not valid JSON."""
+
+    code = "malformed_body"
+
+
+class RequestTimeout(Invalid):
     """The request's body did not arrive in time."""
 
     code = "request_timeout"
 
 
-class HeadersTooLarge(PipelineError):
+class HeadersTooLarge(Invalid):
     """The request's headers are over the limit."""
 
     code = "headers_too_large"
 
 
-class Overloaded(PipelineError):
+class Overloaded(Unavailable):
     """Too many requests are in flight; try again shortly."""
 
     code = "overloaded"
 
 
-class RateLimited(PipelineError):
+class RateLimited(Throttled):
     """This line's requests are over its intake rate; nothing was accepted, try again."""
 
     code = "rate_limited"
 
-    def __init__(self, message: str | None = None, *, retry_after_s: int = 1) -> None:
-        super().__init__(message)
-        self.retry_after_s = retry_after_s
+
+class ShuttingDown(Unavailable):
+    """The process is stopping; nothing was accepted."""
+
+    code = "shutting_down"
 
 
-class BadSignature(PipelineError):
+class NotReady(Unavailable):
+    """Not ready."""
+
+    code = "not_ready"
+    message_is_public = True
+
+
+class QueueFull(Throttled):
+    """The line's queue is full; the record is kept as rejected, send it again later."""
+
+    code = "queue_full"
+
+
+class BadSignature(Unauthenticated):
     """The request signature is missing or invalid."""
 
     code = "bad_signature"
 
 
-class NonceReused(PipelineError):
+class NonceReused(Conflict):
     """This nonce was already used with a different body."""
 
     code = "nonce_reused"
 
 
-class AdminRequired(PipelineError):
+class AdminRequired(Unauthenticated):
     """An admin token is required."""
 
     code = "admin_required"
 
 
-class AdminForbidden(PipelineError):
+class AdminForbidden(Forbidden):
     """The admin token is not valid."""
 
     code = "admin_forbidden"
 
 
-class RecordNotFound(PipelineError):
+class RecordNotFound(NotFound):
     """No record has that id."""
 
     code = "record_not_found"
 
 
-class InvalidSchedule(PipelineError):
+class InvalidSchedule(Invalid):
     """The schedule is invalid."""
 
     code = "invalid_schedule"
 
 
-class ScheduleNotFound(PipelineError):
+class ScheduleNotFound(NotFound):
     """No schedule has that name."""
 
     code = "schedule_not_found"

@@ -4,6 +4,7 @@ They sort by creation time, so keyset pagination by id walks the journal in orde
 
 from __future__ import annotations
 
+import hashlib
 import secrets
 from datetime import datetime
 
@@ -18,3 +19,8 @@ def new_id(now: datetime) -> str:
         value, digit = divmod(value, 32)
         chars.append(_ALPHABET[digit])
     return "".join(reversed(chars))
+
+
+def digest(content: bytes) -> str:
+    """The hex SHA-256 of `content`: what tells a request sent again from another one."""
+    return hashlib.sha256(content).hexdigest()

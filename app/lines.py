@@ -10,7 +10,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from app.errors import ConfigError, UnknownLine
-from app.settings import ENV_PREFIX, LineSettings, Settings
+from app.settings import ENV_PREFIX, LineSettings, Settings, Sink, SinkKind
 
 Handler = Callable[[Any], None]
 # A table-sink line's records per message unless its `batch_size` is set. Only records
@@ -33,9 +33,20 @@ class Line:
         return self.name
 
     @property
+    def sink(self) -> Sink:
+        return self.settings.resolved_sink
+
+    @property
     def table_sink(self) -> bool:
-        """Whether its records go to the built-in table sink (no handler, no HTTP sink)."""
-        return self.handler is None and not self.settings.downstream_url
+        """Whether its records go to the built-in table sink."""
+        return self.sink.kind is SinkKind.TABLE
+
+    @property
+    def sink_table(self) -> str:
+        """The table its table sink writes. Raises `ConfigError` on a line with another sink."""
+        if self.sink.table is None:
+            raise ConfigError(f"line {self.name!r} has no table sink (its sink is {self.sink})")
+        return self.sink.table
 
     @property
     def batch_size(self) -> int:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from app.clock import as_utc
 
 # A business number is an identifier, not free text (DESIGN §3: 1 to 128 characters): no
 # control characters, and nothing that reads as a path (it goes into URLs and file names
@@ -42,7 +44,7 @@ class StatusPayload(Payload):
     @classmethod
     def _representable_in_utc(cls, value: datetime) -> datetime:
         try:
-            (value.replace(tzinfo=UTC) if value.tzinfo is None else value).astimezone(UTC)
+            as_utc(value)
         except OverflowError:
             raise ValueError("occurred_at is out of range") from None
         return value

@@ -1,4 +1,8 @@
-"""`Runtime`: what a process of the pipeline holds, built once at its entry point."""
+"""`Runtime`: what a process of the pipeline holds, built once at its entry point.
+
+The composition root: it builds the clients (journal, Redis, HTTP) and the pieces that
+use them, each given only what it uses. Only entry points (the intake app, the worker
+task, the beat scheduler, the command line) import it; nothing below them does."""
 
 from __future__ import annotations
 
@@ -9,48 +13,117 @@ import redis
 from sqlalchemy import Engine
 
 from app.clock import utcnow
-from app.delivery.push import Admission
+from app.delivery.accept import Acceptor
+from app.delivery.push import Pusher
+from app.delivery.runner import AttemptRunner
 from app.delivery.sinks import make_http_client
 from app.journal.engine import make_engine
 from app.journal.journal import Journal
 from app.lines import LineRegistry
 from app.observe.alerts import Alerter
+from app.observe.line_view import LineView
+from app.observe.monitor import Monitor
 from app.observe.telemetry import Telemetry
+from app.recovery.lost_messages import LostMessages
+from app.recovery.replay import Replayer
+from app.recovery.retention import Retention
+from app.recovery.sweeper import Sweeper
 from app.redis_client import make_redis, redis_options
+from app.schedules.fires import ScheduleFirer
 from app.settings import Settings
 
 
 @dataclass(frozen=True, kw_only=True)
 class Runtime:
-    """Settings, lines and the clients built from them. Nothing here connects at build time."""
+    """Settings, lines, the clients built from them and the pieces built on those.
+    Nothing here connects at build time."""
 
     settings: Settings
     lines: LineRegistry
     engine: Engine
     journal: Journal
     redis: redis.Redis
-    admission: Admission
+    pusher: Pusher
     http: httpx.Client
     alerts: Alerter
     telemetry: Telemetry
+    acceptor: Acceptor
+    runner: AttemptRunner
+    sweeper: Sweeper
+    lost: LostMessages
+    retention: Retention
+    replayer: Replayer
+    view: LineView
+    monitor: Monitor
+    firer: ScheduleFirer
 
     @classmethod
     def build(cls, settings: Settings, *, db_pool_size: int = 5) -> Runtime:
-        """Resolve the lines (raises `ConfigError`) and build the clients."""
+        """Resolve the lines (raises `ConfigError`) and build the clients and pieces."""
         lines = LineRegistry.from_settings(settings)
         client = make_redis(settings.redis_url, redis_options(settings))
         telemetry = Telemetry(client)
         engine = make_engine(settings.database_url, pool_size=db_pool_size)
+        journal = Journal(engine)
+        pusher = Pusher(client)
+        http = make_http_client()
+        alerts = Alerter(settings, clock=utcnow, telemetry=telemetry)
+        acceptor = Acceptor(journal=journal, pusher=pusher, alerts=alerts, lines=lines)
+        view = LineView(journal=journal, queues=pusher, redis=client, lines=lines)
         return cls(
             settings=settings,
             lines=lines,
             engine=engine,
-            journal=Journal(engine),
+            journal=journal,
             redis=client,
-            admission=Admission(client),
-            http=make_http_client(),
-            alerts=Alerter(settings, clock=utcnow, telemetry=telemetry),
+            pusher=pusher,
+            http=http,
+            alerts=alerts,
             telemetry=telemetry,
+            acceptor=acceptor,
+            runner=AttemptRunner(
+                journal=journal,
+                lines=lines,
+                http=http,
+                telemetry=telemetry,
+                alerts=alerts,
+                lease_s=settings.lease_seconds,
+            ),
+            sweeper=Sweeper(
+                journal=journal,
+                pusher=pusher,
+                lines=lines,
+                telemetry=telemetry,
+                alerts=alerts,
+                max_per_run=settings.sweep_max_per_run,
+                batch_limit=settings.sweep_batch_size,
+                received_grace_s=settings.received_grace_seconds,
+                stuck_after_s=settings.stuck_after_seconds,
+            ),
+            lost=LostMessages(
+                journal=journal,
+                pusher=pusher,
+                lines=lines,
+                telemetry=telemetry,
+                alerts=alerts,
+                quiet_s=settings.lost_after_seconds,
+            ),
+            retention=Retention(
+                journal=journal,
+                days=settings.retention_days,
+                batch_size=settings.retention_batch_size,
+            ),
+            replayer=Replayer(
+                journal=journal, pusher=pusher, lines=lines, http=http, alerts=alerts
+            ),
+            view=view,
+            monitor=Monitor(
+                view=view,
+                redis=client,
+                alerts=alerts,
+                backlog_after_s=settings.backlog_after_seconds,
+            ),
+            firer=ScheduleFirer(journal=journal, acceptor=acceptor),
         )
 
     def close(self) -> None:

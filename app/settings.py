@@ -86,6 +86,45 @@ class DeliveredStatuses:
         return ",".join([SUCCESS_CLASS] * self.success + [str(c) for c in sorted(self.codes)])
 
 
+class SinkKind(StrEnum):
+    """Where a line's records go."""
+
+    HTTP = "http"  # POSTed to the line's `downstream_url`
+    TABLE = "table"  # upserted into a table of the journal's database
+    HANDLER = "handler"  # handed to the line's `handler`
+
+
+# The tables the built-in table sink writes: keyed by business number (`orders`, `refunds`),
+# the newest status per order (`order_status`), or by (line, business number).
+SINK_TABLES = ("orders", "refunds", "order_status", "sink_rows")
+# The table of a line that names none, has no handler and no downstream.
+DEFAULT_SINK_TABLE = "sink_rows"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Sink:
+    """A line's sink: its kind and, for the table sink, the table."""
+
+    kind: SinkKind
+    table: str | None = None
+
+    @classmethod
+    def parse(cls, value: str) -> Sink:
+        """`http`, `handler` or `table:<name>`. Raises `ValueError`."""
+        kind, _, table = value.partition(":")
+        if kind == SinkKind.TABLE and table in SINK_TABLES:
+            return cls(kind=SinkKind.TABLE, table=table)
+        if kind in (SinkKind.HTTP, SinkKind.HANDLER) and not table:
+            return cls(kind=SinkKind(kind))
+        raise ValueError(
+            f"{value!r} is not http, handler or table:<name> with a name among "
+            f"{', '.join(SINK_TABLES)}"
+        )
+
+    def __str__(self) -> str:
+        return f"{self.kind.value}:{self.table}" if self.table else self.kind.value
+
+
 class LineSettings(BaseModel):
     """One business line's settings (DESIGN §3)."""
 
@@ -115,6 +154,9 @@ class LineSettings(BaseModel):
     # of one business number is not the first.
     check_url: str | None = Field(default=None, pattern=r"^https?://\S+$")
     handler: str | None = None
+    # `http`, `handler` or `table:<name>`. Unset: the handler when one is set, else the HTTP
+    # sink when `downstream_url` is set, else the table sink into `sink_rows`.
+    sink: str | None = None
     payload_schema: str = "app.payloads:Payload"
 
     @field_validator("check_url")
@@ -137,6 +179,33 @@ class LineSettings(BaseModel):
         """`delivered_statuses`, parsed."""
         return DeliveredStatuses.parse(self.delivered_statuses)
 
+    @field_validator("sink")
+    @classmethod
+    def _sink(cls, value: str | None) -> str | None:
+        return None if value is None else str(Sink.parse(value))
+
+    @model_validator(mode="after")
+    def _sink_has_what_it_needs(self) -> LineSettings:
+        kind = self.resolved_sink.kind
+        if kind is SinkKind.HTTP and not self.downstream_url:
+            raise ValueError("sink http needs downstream_url")
+        if kind is SinkKind.HANDLER and not self.handler:
+            raise ValueError("sink handler needs handler (a dotted path)")
+        if kind is not SinkKind.HANDLER and self.handler:
+            raise ValueError(f"handler is set but sink is {self.sink}")
+        return self
+
+    @property
+    def resolved_sink(self) -> Sink:
+        """The sink the line uses: `sink`, or the one its other settings imply."""
+        if self.sink is not None:
+            return Sink.parse(self.sink)
+        if self.handler:
+            return Sink(kind=SinkKind.HANDLER)
+        if self.downstream_url:
+            return Sink(kind=SinkKind.HTTP)
+        return Sink(kind=SinkKind.TABLE, table=DEFAULT_SINK_TABLE)
+
 
 class WebhookKind(StrEnum):
     """The chat webhooks alerts can go to (DESIGN §11)."""
@@ -157,10 +226,13 @@ class WebhookSettings(BaseModel):
 
 
 DEFAULT_LINES: dict[str, dict[str, Any]] = {
-    "order": {},
-    "refund": {},
-    "status": {"payload_schema": "app.payloads:StatusPayload"},
+    "order": {"sink": "table:orders"},
+    "refund": {"sink": "table:refunds"},
+    "status": {"payload_schema": "app.payloads:StatusPayload", "sink": "table:order_status"},
 }
+# A line's settings that choose its sink: given one of them, a default line's own table
+# sink gives way (a `downstream_url` alone makes it an HTTP line, as it does any line).
+_SINK_CHOICE = ("sink", "handler", "downstream_url")
 
 
 class Settings(BaseSettings):
@@ -244,7 +316,10 @@ class Settings(BaseSettings):
                 override = override.model_dump()
             if not isinstance(override, dict):
                 raise TypeError(f"line {name!r} must be a table of settings")
-            merged[name] = {**DEFAULT_LINES.get(name, {}), **override}
+            defaults = dict(DEFAULT_LINES.get(name, {}))
+            if any(override.get(key) is not None for key in _SINK_CHOICE):
+                defaults.pop("sink", None)
+            merged[name] = {**defaults, **override}
         return merged
 
     @field_validator("flower_basic_auth")

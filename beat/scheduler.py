@@ -1,49 +1,32 @@
-"""`PipelineScheduler`: Celery beat with the pipeline's maintenance entries (DESIGN §10).
-
-Maintenance (the sweeper for now) runs inside the beat process itself, not as messages for
-workers: it must keep working when every queue is full or no worker is alive."""
+"""`PipelineScheduler`: Celery beat that fires the cron schedules and runs the pipeline's
+maintenance jobs (`beat.maintenance`) itself, under one lock: only the active beat does
+either."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from datetime import timedelta
+import time
 from typing import Any
 
-from celery.beat import ScheduleEntry, Scheduler
-from celery.schedules import schedule
+from celery.beat import Scheduler
 
 from app.clock import utcnow
 from app.errors import PipelineError
 from app.logs import get_logger
-from app.observe.monitor import monitor
 from app.observe.webhooks import Event
-from app.recovery.lost_messages import recover_lost
-from app.recovery.retention import purge
-from app.recovery.sweeper import sweep
 from app.runtime import Runtime
-from app.schedules.fires import fire_due
 from beat.lock import BeatLock
+from beat.maintenance import Job, Maintenance
 
 log = get_logger(__name__)
 
-SWEEP_ENTRY = "pipeline.sweep"
-MONITOR_ENTRY = "pipeline.monitor"
-RETENTION_ENTRY = "pipeline.retention"
-LOST_ENTRY = "pipeline.lost_messages"
-
 
 class PipelineScheduler(Scheduler):  # type: ignore[misc]  # Celery ships no type hints
-    """A beat scheduler that runs the maintenance entries in-process."""
+    """A beat scheduler that fires the schedules and runs maintenance in-process."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._runtime: Runtime | None = None
         self._lock: BeatLock | None = None
-        self._local: dict[str, Callable[[], None]] = {
-            SWEEP_ENTRY: self._sweep,
-            MONITOR_ENTRY: self._monitor,
-            RETENTION_ENTRY: self._retention,
-            LOST_ENTRY: self._lost,
-        }
+        self._maintenance: Maintenance | None = None
         super().__init__(*args, **kwargs)
 
     @property
@@ -60,8 +43,39 @@ class PipelineScheduler(Scheduler):  # type: ignore[misc]  # Celery ships no typ
             )
         return self._lock
 
-    def tick(self, *args: Any, **kwargs: Any) -> float:
-        """One beat: hold the lock (or stand by), fire the due schedules, run maintenance.
+    @property
+    def maintenance(self) -> Maintenance:
+        if self._maintenance is None:
+            rt = self.runtime
+            settings = rt.settings
+            jobs = [
+                Job(
+                    name="sweep",
+                    interval_s=settings.sweep_interval_seconds,
+                    run=lambda: rt.sweeper.sweep(now=utcnow()),
+                ),
+                Job(
+                    name="lost_messages",
+                    interval_s=settings.lost_check_interval_seconds,
+                    run=lambda: rt.lost.recover_lost(now=utcnow()),
+                ),
+                Job(
+                    name="monitor",
+                    interval_s=settings.monitor_interval_seconds,
+                    run=lambda: rt.monitor.monitor(now=utcnow()),
+                ),
+                Job(
+                    name="retention",
+                    interval_s=settings.retention_interval_seconds,
+                    run=lambda: rt.retention.purge(now=utcnow()),
+                ),
+            ]
+            self._maintenance = Maintenance(jobs, clock=time.monotonic, start_s=time.monotonic())
+        return self._maintenance
+
+    def tick(self, *_args: Any, **_kwargs: Any) -> float:
+        """One beat: hold the lock (or stand by), fire the due schedules, run the due
+        maintenance jobs.
 
         Returns the seconds to sleep: at most one, so a standby tries every second."""
         held, took_over_from = self.lock.hold()
@@ -82,58 +96,14 @@ class PipelineScheduler(Scheduler):  # type: ignore[misc]  # Celery ships no typ
                 previous=took_over_from,
             )
         try:
-            fire_due(self.runtime, now=utcnow())
+            self.runtime.firer.fire_due(now=utcnow())
         except PipelineError as exc:
             log.warning("schedules_failed", error=str(exc))
-        interval: float = super().tick(*args, **kwargs)
-        return min(interval, 1.0)
+        return max(0.0, min(self.maintenance.run_due(), 1.0))
 
     def setup_schedule(self) -> None:
-        settings = self.app.pipeline_settings
-        self.merge_inplace(
-            {
-                SWEEP_ENTRY: {
-                    "task": SWEEP_ENTRY,
-                    "schedule": schedule(timedelta(seconds=settings.sweep_interval_seconds)),
-                },
-                MONITOR_ENTRY: {
-                    "task": MONITOR_ENTRY,
-                    "schedule": schedule(timedelta(seconds=settings.monitor_interval_seconds)),
-                },
-                RETENTION_ENTRY: {
-                    "task": RETENTION_ENTRY,
-                    "schedule": schedule(timedelta(seconds=settings.retention_interval_seconds)),
-                },
-                LOST_ENTRY: {
-                    "task": LOST_ENTRY,
-                    "schedule": schedule(timedelta(seconds=settings.lost_check_interval_seconds)),
-                },
-            }
-        )
-
-    def apply_entry(self, entry: ScheduleEntry, producer: Any = None) -> None:
-        local = self._local.get(entry.name)
-        if local is None:
-            super().apply_entry(entry, producer=producer)
-            return
-        try:
-            local()
-        except PipelineError as exc:
-            log.warning("maintenance_failed", entry=entry.name, error=str(exc))
-        except Exception:
-            log.exception("maintenance_crashed", entry=entry.name)
-
-    def _sweep(self) -> None:
-        sweep(self.runtime, now=utcnow())
-
-    def _monitor(self) -> None:
-        monitor(self.runtime, now=utcnow())
-
-    def _retention(self) -> None:
-        purge(self.runtime, now=utcnow())
-
-    def _lost(self) -> None:
-        recover_lost(self.runtime, now=utcnow())
+        """No Celery beat entries: every job of the pipeline's beat is above, and none is a
+        message for a worker (Celery's default entries would be)."""
 
     def close(self) -> None:
         if self._lock is not None:

@@ -16,7 +16,6 @@ from celery.exceptions import Reject
 
 from app.clock import utcnow
 from app.delivery.push import TASK_NAME
-from app.delivery.runner import run_record, run_table_sink_batch
 from app.errors import JournalUnavailable
 from app.lines import Line
 from app.logs import get_logger
@@ -60,10 +59,11 @@ def process(self: Task, record_ids: str | list[str]) -> str | list[str | None] |
     line = _queue_line(rt, self.request.delivery_info)
     try:
         if len(ids) > 1 and line is not None and line.table_sink:
-            found = run_table_sink_batch(rt, ids, clock=utcnow, rng=_rng)
+            found = rt.runner.run_table_sink_batch(ids, clock=utcnow, rng=_rng)
         else:
             found = [
-                run_record(rt, record_id, clock=utcnow, rng=_rng, line=line) for record_id in ids
+                rt.runner.run_record(record_id, clock=utcnow, rng=_rng, line=line)
+                for record_id in ids
             ]
     except JournalUnavailable as exc:
         log.warning("journal_unavailable_requeued", record_ids=ids[:10], error=str(exc))

@@ -34,6 +34,7 @@ from app.bench.stack import (
     plain_request,
     signed_request,
 )
+from app.clock import as_utc
 from app.delivery.push import build_message
 from app.journal.engine import make_engine
 from app.journal.models import (
@@ -42,7 +43,7 @@ from app.journal.models import (
     records,
 )
 from app.lines import TABLE_SINK_BATCH
-from app.recovery.replay import ReplayFilter, replay
+from app.recovery.replay import ReplayFilter
 from app.runtime import Runtime
 from app.settings import load_settings
 
@@ -226,8 +227,7 @@ class Bench(BenchStack):
             self._fill(rt, rows)
             self.progress(f"replay: re-enqueueing {rows:,} records")
             started = time.monotonic()
-            counts = replay(
-                rt,
+            counts = rt.replayer.replay(
                 ReplayFilter(line="order", statuses=(RecordStatus.FAILED,)),
                 dry_run=False,
                 actor="bench",
@@ -413,7 +413,7 @@ def _offset(make: Callable[[int], Request], offset: int, n: int) -> Request:
 
 
 def _aware(moment: datetime) -> datetime:
-    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+    return as_utc(moment)
 
 
 SCENARIOS = ("intake", "end_to_end", "replay", "isolation")

@@ -9,15 +9,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
+from app.delivery.push import Pusher
 from app.errors import BrokerUnavailable, JournalUnavailable
 from app.journal import store
+from app.journal.journal import Journal
 from app.journal.models import Record, RecordStatus
 from app.journal.store import NewRecord
 from app.journal.transitions import Event as TransitionEvent
-from app.lines import Line
+from app.lines import Line, LineRegistry
 from app.logs import get_logger
+from app.observe.alerts import Alerter
 from app.observe.webhooks import Event
-from app.runtime import Runtime
 from app.settings import Overflow
 
 log = get_logger(__name__)
@@ -28,7 +30,7 @@ class Acceptance:
     """The stored record, its status after admission, and whether this call created it.
 
     `caller_runs` means the queue was full under that policy: the caller must now run the
-    record itself (`app.delivery.runner.run_record`) before it answers."""
+    record itself (`AttemptRunner.run_record`) before it answers."""
 
     record: Record
     status: RecordStatus
@@ -36,181 +38,209 @@ class Acceptance:
     caller_runs: bool = False
 
 
-def accept(
-    rt: Runtime,
-    new: NewRecord,
-    *,
-    clock: Callable[[], datetime],
-    overflow: Overflow | None = None,
-) -> Acceptance:
-    """Journal `new` (unless its dedup key is known) and push it onto its queue.
+@dataclass(frozen=True, kw_only=True)
+class OverflowDecision:
+    """What becomes of a record that found its queue full: the status it is answered
+    with, the journal move that records it (None: the caller runs it, nothing is moved)."""
 
-    `overflow` replaces the line's policy for a full queue (a scheduled fire defers: no
-    caller is there to send it again, or to run it).
+    status: RecordStatus
+    transition: TransitionEvent | None
 
-    Raises `JournalUnavailable` if the record could not be committed; a Redis failure
-    leaves the record `received` for the sweeper and is not an error."""
-    return accept_many(rt, [new], clock=clock, overflow=overflow)[0]
+    @property
+    def caller_runs(self) -> bool:
+        return self.transition is None
 
 
-def accept_many(
-    rt: Runtime,
-    news: Sequence[NewRecord],
-    *,
-    clock: Callable[[], datetime],
-    on_admitted: Callable[[list[Acceptance]], None] | None = None,
-    overflow: Overflow | None = None,
-) -> list[Acceptance]:
-    """`accept` for several records at once: their journal rows are committed in one
-    transaction, then each line's records go onto its queue in one push (in order, while
-    room remains), and those pushed are marked `enqueued` in one more transaction.
-
-    `on_admitted` gets the outcomes as soon as they are known, before that last
-    transaction: each record is then committed and on its queue (or its overflow handled),
-    and marking it `enqueued` is bookkeeping that loses nothing when it fails.
-
-    `overflow`, when given, is the policy for a full queue instead of each line's own.
-
-    Raises `JournalUnavailable` (for all of them) if the rows could not be committed."""
-    with rt.journal.transaction("journal write") as conn:
-        now = clock()
-        stored = store.insert_records(conn, news, now=now)
-    results: list[Acceptance | None] = [None] * len(news)
-    admit: dict[str, list[int]] = {}
-    for i, (new, (record, created)) in enumerate(zip(news, stored, strict=True)):
-        if not created:
-            retry = record.status is RecordStatus.REJECTED and record.body_sha256 == new.body_sha256
-            if not (retry and _move(rt, record, TransitionEvent.RESENT, clock)):
-                results[i] = Acceptance(record=record, status=record.status, created=False)
-                continue
-            # A rejected request sent again (as Retry-After asked): admit it again.
-        admit.setdefault(record.line, []).append(i)
-    enqueued: dict[str, list[str]] = {}
-    # The line with the fewest records of the group is pushed first: a flood on one line
-    # does not hold back the push of another line's records committed beside it.
-    for line_name, indexes in sorted(admit.items(), key=lambda item: len(item[1])):
-        line = rt.lines.get(line_name)
-        admitted = [stored[i][0] for i in indexes]
-        log.info(
-            "records_received",
-            line=line_name,
-            count=len(admitted),
-            first_id=admitted[0].id,
-            last_id=admitted[-1].id,
-        )
-        policy = overflow if overflow is not None else line.settings.overflow
-        admitted_outcomes = _admit(
-            rt, line, admitted, enqueued=enqueued, clock=clock, policy=policy
-        )
-        for i, outcome in zip(indexes, admitted_outcomes, strict=True):
-            results[i] = outcome
-    outcomes = [result for result in results if result is not None]
-    if on_admitted is not None:
-        on_admitted(outcomes)
-    _mark_enqueued(rt, enqueued, clock)
-    return outcomes
-
-
-def _admit(
-    rt: Runtime,
-    line: Line,
-    admitted: list[Record],
-    *,
-    enqueued: dict[str, list[str]],
-    clock: Callable[[], datetime],
-    policy: Overflow,
-) -> list[Acceptance]:
-    """Push `admitted` onto `line`'s queue; the overflow follows `policy`. Adds the ids
-    pushed to `enqueued` under their epoch."""
-    try:
-        pushed = rt.admission.push(
-            line.queue,
-            [r.id for r in admitted],
-            max_length=line.settings.max_queue_length,
-            batch_size=line.batch_size,
-        )
-    except BrokerUnavailable as exc:
-        log.warning("broker_down_records_kept", line=line.name, error=str(exc))
-        return [Acceptance(record=r, status=RecordStatus.RECEIVED, created=True) for r in admitted]
-    on_queue, overflow = admitted[: pushed.pushed], admitted[pushed.pushed :]
-    enqueued.setdefault(pushed.epoch, []).extend(r.id for r in on_queue)
-    outcomes = [Acceptance(record=r, status=RecordStatus.ENQUEUED, created=True) for r in on_queue]
-    for _record in overflow:
-        rt.alerts.raise_event(
-            Event.QUEUE_FULL,
-            line=line.name,
-            message=f"queue {line.queue!r} is full ({pushed.depth}/"
-            f"{line.settings.max_queue_length}); policy {policy.value}",
-            depth=pushed.depth,
-            limit=line.settings.max_queue_length,
-            policy=policy.value,
-        )
+def decide_overflow(policy: Overflow) -> OverflowDecision:
+    """The overflow policy's decision for one record that did not fit on its queue."""
     if policy is Overflow.CALLER_RUNS:
+        return OverflowDecision(status=RecordStatus.RECEIVED, transition=None)
+    if policy is Overflow.REJECT:
+        return OverflowDecision(status=RecordStatus.REJECTED, transition=TransitionEvent.REJECTED)
+    return OverflowDecision(status=RecordStatus.DEFERRED, transition=TransitionEvent.DEFERRED)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Acceptor:
+    """Takes in units of work: journals them, then pushes them onto their lines' queues."""
+
+    journal: Journal
+    pusher: Pusher
+    alerts: Alerter
+    lines: LineRegistry
+
+    def accept(
+        self,
+        new: NewRecord,
+        *,
+        clock: Callable[[], datetime],
+        overflow: Overflow | None = None,
+    ) -> Acceptance:
+        """Journal `new` (unless its dedup key is known) and push it onto its queue.
+
+        `overflow` replaces the line's policy for a full queue (a scheduled fire defers: no
+        caller is there to send it again, or to run it).
+
+        Raises `JournalUnavailable` if the record could not be committed; a Redis failure
+        leaves the record `received` for the sweeper and is not an error."""
+        return self.accept_many([new], clock=clock, overflow=overflow)[0]
+
+    def accept_many(
+        self,
+        news: Sequence[NewRecord],
+        *,
+        clock: Callable[[], datetime],
+        on_admitted: Callable[[list[Acceptance]], None] | None = None,
+        overflow: Overflow | None = None,
+    ) -> list[Acceptance]:
+        """`accept` for several records at once: their journal rows are committed in one
+        transaction, then each line's records go onto its queue in one push (in order, while
+        room remains), and those pushed are marked `enqueued` in one more transaction.
+
+        `on_admitted` gets the outcomes as soon as they are known, before that last
+        transaction: each record is then committed and on its queue (or its overflow
+        handled), and marking it `enqueued` is bookkeeping that loses nothing when it fails.
+
+        `overflow`, when given, is the policy for a full queue instead of each line's own.
+
+        Raises `JournalUnavailable` (for all of them) if the rows could not be committed."""
+        with self.journal.transaction("journal write") as conn:
+            now = clock()
+            stored = store.insert_records(conn, news, now=now)
+        results: list[Acceptance | None] = [None] * len(news)
+        admit: dict[str, list[int]] = {}
+        for i, (new, (record, created)) in enumerate(zip(news, stored, strict=True)):
+            if not created:
+                retry = (
+                    record.status is RecordStatus.REJECTED and record.body_sha256 == new.body_sha256
+                )
+                if not (retry and self._move(record, TransitionEvent.RESENT, clock)):
+                    results[i] = Acceptance(record=record, status=record.status, created=False)
+                    continue
+                # A rejected request sent again (as Retry-After asked): admit it again.
+            admit.setdefault(record.line, []).append(i)
+        enqueued: dict[str, list[str]] = {}
+        # The line with the fewest records of the group is pushed first: a flood on one line
+        # does not hold back the push of another line's records committed beside it.
+        for line_name, indexes in sorted(admit.items(), key=lambda item: len(item[1])):
+            line = self.lines.get(line_name)
+            admitted = [stored[i][0] for i in indexes]
+            log.info(
+                "records_received",
+                line=line_name,
+                count=len(admitted),
+                first_id=admitted[0].id,
+                last_id=admitted[-1].id,
+            )
+            policy = overflow if overflow is not None else line.settings.overflow
+            admitted_outcomes = self._admit(
+                line, admitted, enqueued=enqueued, clock=clock, policy=policy
+            )
+            for i, outcome in zip(indexes, admitted_outcomes, strict=True):
+                results[i] = outcome
+        outcomes = [result for result in results if result is not None]
+        if on_admitted is not None:
+            on_admitted(outcomes)
+        self._mark_enqueued(enqueued, clock)
+        return outcomes
+
+    def _admit(
+        self,
+        line: Line,
+        admitted: list[Record],
+        *,
+        enqueued: dict[str, list[str]],
+        clock: Callable[[], datetime],
+        policy: Overflow,
+    ) -> list[Acceptance]:
+        """Push `admitted` onto `line`'s queue; the overflow follows `policy`. Adds the ids
+        pushed to `enqueued` under their epoch."""
+        try:
+            pushed = self.pusher.push(
+                line.queue,
+                [r.id for r in admitted],
+                max_length=line.settings.max_queue_length,
+                batch_size=line.batch_size,
+            )
+        except BrokerUnavailable as exc:
+            log.warning("broker_down_records_kept", line=line.name, error=str(exc))
+            return [
+                Acceptance(record=r, status=RecordStatus.RECEIVED, created=True) for r in admitted
+            ]
+        on_queue, overflow = admitted[: pushed.pushed], admitted[pushed.pushed :]
+        enqueued.setdefault(pushed.epoch, []).extend(r.id for r in on_queue)
+        outcomes = [
+            Acceptance(record=r, status=RecordStatus.ENQUEUED, created=True) for r in on_queue
+        ]
+        decision = decide_overflow(policy)
         for _record in overflow:
-            rt.alerts.raise_event(
+            self.alerts.raise_event(
+                Event.QUEUE_FULL,
+                line=line.name,
+                message=f"queue {line.queue!r} is full ({pushed.depth}/"
+                f"{line.settings.max_queue_length}); policy {policy.value}",
+                depth=pushed.depth,
+                limit=line.settings.max_queue_length,
+                policy=policy.value,
+            )
+        for _record in overflow if decision.caller_runs else ():
+            self.alerts.raise_event(
                 Event.CALLER_RUNS,
                 line=line.name,
                 message=f"queue {line.queue!r} is full: the intake runs the handler itself",
             )
-        return outcomes + [
-            Acceptance(record=r, status=RecordStatus.RECEIVED, created=True, caller_runs=True)
-            for r in overflow
-        ]
-    event = TransitionEvent.REJECTED if policy is Overflow.REJECT else TransitionEvent.DEFERRED
-    status = RecordStatus.REJECTED if policy is Overflow.REJECT else RecordStatus.DEFERRED
-    moved = _move_all(rt, overflow, event, clock)
-    # What was not recorded stays `received`: the sweeper will take it.
-    return outcomes + [
-        Acceptance(record=r, status=status if moved else RecordStatus.RECEIVED, created=True)
-        for r in overflow
-    ]
+        if decision.transition is None:
+            return outcomes + [
+                Acceptance(record=r, status=decision.status, created=True, caller_runs=True)
+                for r in overflow
+            ]
+        moved = self._move_all(overflow, decision.transition, clock)
+        # What was not recorded stays `received`: the sweeper will take it.
+        status = decision.status if moved else RecordStatus.RECEIVED
+        return outcomes + [Acceptance(record=r, status=status, created=True) for r in overflow]
 
+    def _mark_enqueued(self, by_epoch: dict[str, list[str]], clock: Callable[[], datetime]) -> None:
+        """`received → enqueued`; on failure the records stay `received` (see `_move`)."""
+        if not any(by_epoch.values()):
+            return
+        try:
+            with self.journal.transaction() as conn:
+                for epoch, ids in by_epoch.items():
+                    store.mark_enqueued(conn, ids, epoch=epoch, now=clock())
+        except JournalUnavailable as exc:
+            log.warning(
+                "records_status_not_saved",
+                count=sum(len(ids) for ids in by_epoch.values()),
+                error=str(exc),
+            )
 
-def _mark_enqueued(
-    rt: Runtime, by_epoch: dict[str, list[str]], clock: Callable[[], datetime]
-) -> None:
-    """`received → enqueued`; on failure the records stay `received` (see `_move`)."""
-    if not any(by_epoch.values()):
-        return
-    try:
-        with rt.journal.transaction() as conn:
-            for epoch, ids in by_epoch.items():
-                store.mark_enqueued(conn, ids, epoch=epoch, now=clock())
-    except JournalUnavailable as exc:
-        log.warning(
-            "records_status_not_saved",
-            count=sum(len(ids) for ids in by_epoch.values()),
-            error=str(exc),
-        )
-
-
-def _move_all(
-    rt: Runtime, overflow: list[Record], event: TransitionEvent, clock: Callable[[], datetime]
-) -> bool:
-    """`event` (`received → deferred | rejected`) for every record of `overflow`, in one
-    transaction."""
-    if not overflow:
+    def _move_all(
+        self, overflow: list[Record], event: TransitionEvent, clock: Callable[[], datetime]
+    ) -> bool:
+        """`event` (`received → deferred | rejected`) for every record of `overflow`, in one
+        transaction."""
+        if not overflow:
+            return True
+        try:
+            with self.journal.transaction() as conn:
+                store.move(conn, [r.id for r in overflow], event, now=clock())
+        except JournalUnavailable as exc:
+            log.warning("records_status_not_saved", transition=event.value, error=str(exc))
+            return False
         return True
-    try:
-        with rt.journal.transaction() as conn:
-            store.move(conn, [r.id for r in overflow], event, now=clock())
-    except JournalUnavailable as exc:
-        log.warning("records_status_not_saved", transition=event.value, error=str(exc))
-        return False
-    return True
 
-
-def _move(
-    rt: Runtime, record: Record, event: TransitionEvent, clock: Callable[[], datetime]
-) -> bool:
-    """`event` for `record`; whether it was written. A failure here loses nothing: the
-    record stays as it was (`received` is pushed by the sweeper)."""
-    try:
-        with rt.journal.transaction() as conn:
-            moved = store.move(conn, [record.id], event, now=clock())
-    except JournalUnavailable as exc:
-        log.warning(
-            "record_status_not_saved", record_id=record.id, transition=event.value, error=str(exc)
-        )
-        return False
-    return moved == 1
+    def _move(self, record: Record, event: TransitionEvent, clock: Callable[[], datetime]) -> bool:
+        """`event` for `record`; whether it was written. A failure here loses nothing: the
+        record stays as it was (`received` is pushed by the sweeper)."""
+        try:
+            with self.journal.transaction() as conn:
+                moved = store.move(conn, [record.id], event, now=clock())
+        except JournalUnavailable as exc:
+            log.warning(
+                "record_status_not_saved",
+                record_id=record.id,
+                transition=event.value,
+                error=str(exc),
+            )
+            return False
+        return moved == 1

@@ -1,7 +1,7 @@
 """Group commit for the intake: the records of concurrent requests are accepted together.
 
 Requests hand their record to one thread per process, which takes everything waiting
-(up to `MAX_GROUP`) and accepts it with `accept_many`: one journal transaction, one push
+(up to `MAX_GROUP`) and accepts it with `Acceptor.accept_many`: one journal transaction, one push
 per line, one more transaction to mark them enqueued. Each request still waits for the
 commit that holds its row, and for its push, before it answers (not for the marking: a
 record pushed but still `received` loses nothing), and a request that arrives while a
@@ -16,11 +16,10 @@ import time
 from collections.abc import Callable, Sequence
 from datetime import datetime
 
-from app.delivery.accept import Acceptance, accept_many
-from app.errors import JournalUnavailable
+from app.delivery.accept import Acceptance, Acceptor
+from app.errors import JournalUnavailable, ShuttingDown
 from app.journal.store import NewRecord
 from app.logs import get_logger
-from app.runtime import Runtime
 
 log = get_logger(__name__)
 
@@ -30,8 +29,8 @@ MAX_GROUP = 256
 # does not answer (a connection a network blackholed hangs until TCP gives it up).
 MAX_WRITERS = 3
 
-Outcome = Acceptance | BaseException
-Reply = Callable[[Outcome], None]
+Settled = Acceptance | BaseException
+Reply = Callable[[Settled], None]
 _Group = list[tuple[NewRecord, Reply]]
 
 
@@ -45,13 +44,13 @@ class GroupAccept:
 
     def __init__(
         self,
-        rt: Runtime,
+        acceptor: Acceptor,
         *,
         clock: Callable[[], datetime],
         max_group: int = MAX_GROUP,
         timeout_s: float = 10.0,
     ) -> None:
-        self._rt = rt
+        self._acceptor = acceptor
         self._clock = clock
         self._max_group = max_group
         self._timeout_s = timeout_s
@@ -65,7 +64,7 @@ class GroupAccept:
         """Accept `new` in the next group; `reply` gets its `Acceptance` or exception."""
         with self._lock:
             if self._closed:
-                raise RuntimeError("the intake is stopping")
+                raise ShuttingDown("the intake is stopping")
             if not self._writers:
                 self._start_writer()
         self._queue.put((new, reply))
@@ -76,12 +75,12 @@ class GroupAccept:
         thread.start()
 
     async def accept(self, new: NewRecord) -> Acceptance:
-        """Accept `new` with the others waiting now. Raises what `accept_many` raises, and
+        """Accept `new` with the others waiting now. Raises what `Acceptor.accept_many` raises, and
         `JournalUnavailable` when its group is not written within `timeout_s`."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Acceptance] = loop.create_future()
 
-        def reply(outcome: Outcome) -> None:
+        def reply(outcome: Settled) -> None:
             loop.call_soon_threadsafe(_settle, future, outcome)
 
         self.submit(new, reply)
@@ -142,8 +141,8 @@ class GroupAccept:
             try:
                 # The requests are answered once their records are committed and pushed,
                 # before they are marked enqueued.
-                accept_many(
-                    self._rt, [new for new, _ in group], clock=self._clock, on_admitted=answer
+                self._acceptor.accept_many(
+                    [new for new, _ in group], clock=self._clock, on_admitted=answer
                 )
             except BaseException as exc:  # noqa: BLE001 - every waiting request gets the error
                 if not replied:
@@ -163,7 +162,7 @@ class GroupAccept:
                 thread.join(timeout=max(0.0, deadline - time.monotonic()))
 
 
-def _reply_all(group: _Group, outcomes: Sequence[Outcome]) -> None:
+def _reply_all(group: _Group, outcomes: Sequence[Settled]) -> None:
     for (_new, reply), outcome in zip(group, outcomes, strict=True):
         try:
             reply(outcome)
@@ -171,7 +170,7 @@ def _reply_all(group: _Group, outcomes: Sequence[Outcome]) -> None:
             log.warning("group_accept_reply_lost")
 
 
-def _settle(future: asyncio.Future[Acceptance], outcome: Outcome) -> None:
+def _settle(future: asyncio.Future[Acceptance], outcome: Settled) -> None:
     if future.done():  # the request was cancelled (its client went away)
         return
     if isinstance(outcome, BaseException):

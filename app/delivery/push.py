@@ -186,7 +186,7 @@ def batches(record_ids: Sequence[str], size: int) -> list[str | list[str]]:
     return [list(record_ids[i : i + size]) for i in range(0, len(record_ids), size)]
 
 
-class Admission:
+class Pusher:
     """Pushes records onto their line's queue, never past its bound."""
 
     def __init__(self, client: redis.Redis) -> None:

@@ -1,7 +1,9 @@
-"""The built-in sinks (DESIGN §6). Both are idempotent.
+"""The built-in sinks. Both are idempotent.
 
-- Table sink: upserts by (line, business_no) in the journal's database, in the same
-  transaction that marks the record done. `order_status` keeps the newest `occurred_at`.
+- Table sink: upserts by business number into the line's table (`sink = table:<name>`) in
+  the journal's database, in the same transaction that marks the record done;
+  `sink_rows` is keyed by (line, business number), and `order_status` keeps the newest
+  `occurred_at`.
 - HTTP sink: POSTs `{id, line, business_no, payload}` with `Idempotency-Key: <id>` and
   `X-Attempt: <attempt number>`;
   an answer among the line's `delivered_statuses` (2xx by default) is delivered, anything
@@ -11,19 +13,25 @@ from __future__ import annotations
 
 import urllib.parse
 from collections.abc import Sequence
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 import httpx
 from sqlalchemy import Connection, Table, bindparam, select
 from sqlalchemy.dialects import postgresql, sqlite
 
+from app.clock import as_utc
 from app.errors import DeliveryFailed
 from app.journal.models import Record, order_status, orders, refunds, sink_rows
 from app.journal.store import among
 from app.settings import DeliveredStatuses
 
-KEYED_TABLES: dict[str, Table] = {"order": orders, "refund": refunds}
+# The table that keeps the newest status per order (not a payload per business number).
+ORDER_STATUS_TABLE = order_status.name
+# The table sink's tables by the name a line's `sink` gives (`table:<name>`).
+TABLES: dict[str, Table] = {
+    table.name: table for table in (orders, refunds, order_status, sink_rows)
+}
 # The shared client's timeout, for what names none of its own (replay's check URL); the
 # HTTP sink's POST takes its line's `delivery_timeout_s`.
 HTTP_TIMEOUT_S = 10.0
@@ -69,41 +77,39 @@ def occurred_at(record: Record) -> datetime:
 def payload_occurred_at(payload: dict[str, Any]) -> datetime:
     """`occurred_at` of a status record's payload."""
     value = datetime.fromisoformat(str(payload["occurred_at"]))
-    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+    return as_utc(value)
 
 
-def write_table_sink(conn: Connection, record: Record, *, now: datetime) -> None:
-    """Upsert `record` into its line's table. Never moves an order's status backwards."""
-    table, values = _sink_row(record, now)
-    conn.execute(_upsert(conn, table), values)
+def write_table_sink(conn: Connection, record: Record, *, table: str, now: datetime) -> None:
+    """Upsert `record` into the sink table `table`. Never moves an order's status
+    backwards."""
+    sink = TABLES[table]
+    conn.execute(_upsert(conn, sink), _sink_row(sink, record, now))
 
 
-def write_table_sink_all(conn: Connection, batch: Sequence[Record], *, now: datetime) -> None:
-    """`write_table_sink` of several records of one line, in order, in one executemany."""
+def write_table_sink_all(
+    conn: Connection, batch: Sequence[Record], *, table: str, now: datetime
+) -> None:
+    """`write_table_sink` of several records, in order, in one executemany."""
     if not batch:
         return
-    rows = [_sink_row(record, now) for record in batch]
-    tables = {table.name for table, _values in rows}
-    if len(tables) != 1:
-        raise ValueError(f"a batch for one table holds records for {sorted(tables)}")
-    conn.execute(_upsert(conn, rows[0][0]), [values for _table, values in rows])
+    sink = TABLES[table]
+    conn.execute(_upsert(conn, sink), [_sink_row(sink, record, now) for record in batch])
 
 
-def _sink_row(record: Record, now: datetime) -> tuple[Table, dict[str, Any]]:
+def _sink_row(table: Table, record: Record, now: datetime) -> dict[str, Any]:
     values: dict[str, Any] = {
         "business_no": record.business_no,
         "record_id": record.id,
         "updated_at": now,
     }
-    if record.line == "status":
-        table = order_status
+    if table is order_status:
         values |= {"status": str(record.payload["status"]), "occurred_at": occurred_at(record)}
     else:
-        table = KEYED_TABLES.get(record.line, sink_rows)
         values["payload"] = record.payload
         if table is sink_rows:
             values["line"] = record.line
-    return table, values
+    return values
 
 
 def deliver_http(
@@ -150,14 +156,15 @@ def make_http_client() -> httpx.Client:
     return httpx.Client(timeout=HTTP_TIMEOUT_S, follow_redirects=False)
 
 
-def stored_rows(conn: Connection, line: str, business_nos: list[str]) -> dict[str, tuple[str, Any]]:
-    """`{business_no: (record_id, payload)}` the table sink holds for `line`."""
-    table = KEYED_TABLES.get(line)
-    sink = table if table is not None else sink_rows
+def stored_rows(
+    conn: Connection, *, table: str, line: str, business_nos: list[str]
+) -> dict[str, tuple[str, Any]]:
+    """`{business_no: (record_id, payload)}` the sink table `table` holds for `line`."""
+    sink = TABLES[table]
     query = select(sink.c.business_no, sink.c.record_id, sink.c.payload).where(
         among(conn, sink.c.business_no, business_nos)
     )
-    if table is None:
+    if sink is sink_rows:
         query = query.where(sink_rows.c.line == line)
     return {row[0]: (row[1], row[2]) for row in conn.execute(query)}
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import math
 import re
@@ -12,8 +11,7 @@ from typing import Any
 from fastapi import Request
 from pydantic import BaseModel, ValidationError
 
-from app.errors import InvalidPayload, PayloadTooLarge, RequestTimeout
-from app.intake.errors import MalformedBody
+from app.errors import InvalidPayload, MalformedBody, PayloadTooLarge, RequestTimeout
 
 
 async def read_body(request: Request, *, limit: int, timeout_s: float) -> bytes:
@@ -94,10 +92,6 @@ def parse_payload(body: bytes, schema: type[BaseModel]) -> dict[str, Any]:
         raise InvalidPayload(f"{where}: {first['msg']}") from None
     # Stored in canonical form (times as ISO 8601), so sinks read what the schema checked.
     return valid.model_dump(mode="json")
-
-
-def body_digest(body: bytes) -> str:
-    return hashlib.sha256(body).hexdigest()
 
 
 def _has_unstorable_text(value: Any) -> bool:

@@ -1,8 +1,10 @@
 """The one place that maps the error tree (and framework errors) to HTTP answers.
 
-Every error answer is `{"error": {"code", "message"}}` (DESIGN §7)."""
+Every error answer is `{"error": {"code", "message"}}`, plus the error's `details`."""
 
 from __future__ import annotations
+
+from typing import TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -11,55 +13,63 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app import errors
 from app.logs import get_logger
-from app.observe.telemetry import Counter, Outcome
+from app.observe.telemetry import Counter, IntakeOutcome
 from app.runtime import Runtime
 
 log = get_logger(__name__)
+T = TypeVar("T")
 
+# By the nearest class in an error's MRO: the middle categories, and the leaves whose
+# status code is not their category's.
 STATUS_BY_ERROR: dict[type[errors.PipelineError], int] = {
-    errors.InvalidPayload: 422,
-    errors.PayloadTooLarge: 413,
+    errors.Unavailable: 503,
+    errors.Invalid: 422,
+    errors.MalformedBody: 400,
     errors.RequestTimeout: 408,
+    errors.PayloadTooLarge: 413,
     errors.HeadersTooLarge: 431,
-    errors.Overloaded: 503,
-    errors.RateLimited: 429,
-    errors.BadSignature: 401,
-    errors.AdminRequired: 401,
-    errors.AdminForbidden: 403,
-    errors.UnknownLine: 404,
-    errors.RecordNotFound: 404,
-    errors.NonceReused: 409,
-    errors.JournalUnavailable: 503,
-    errors.BrokerUnavailable: 503,
+    errors.NotFound: 404,
+    errors.Unauthenticated: 401,
+    errors.Forbidden: 403,
+    errors.Conflict: 409,
+    errors.Throttled: 429,
 }
-
-
-class MalformedBody(errors.InvalidPayload):
-    """The body is not valid JSON."""
-
-    code = "malformed_body"
-
 
 # How a refused `POST /v1/{line}` is counted in `pipeline_intake_requests_total`.
-OUTCOME_BY_STATUS = {
-    400: Outcome.INVALID,
-    404: Outcome.INVALID,
-    408: Outcome.INVALID,
-    413: Outcome.INVALID,
-    422: Outcome.INVALID,
-    401: Outcome.UNAUTHORIZED,
-    409: Outcome.CONFLICT,
-    429: Outcome.RATE_LIMITED,
-    503: Outcome.UNAVAILABLE,
+OUTCOME_BY_ERROR: dict[type[errors.PipelineError], IntakeOutcome] = {
+    errors.Invalid: IntakeOutcome.INVALID,
+    errors.NotFound: IntakeOutcome.INVALID,
+    errors.Unauthenticated: IntakeOutcome.UNAUTHORIZED,
+    errors.Conflict: IntakeOutcome.CONFLICT,
+    errors.RateLimited: IntakeOutcome.RATE_LIMITED,
+    errors.Unavailable: IntakeOutcome.UNAVAILABLE,
 }
-# The endpoint whose answers are counted by outcome.
-COUNTED_ENDPOINT = "post_record"
+# Not here: `QueueFull`, counted by the route as `rejected` (the record is kept), and
+# `Forbidden`, an admin answer.
 
 
-def count_outcome(request: Request, outcome: Outcome) -> None:
-    """Count one answer of `POST /v1/{line}`; an unknown line is counted as `unknown`."""
-    endpoint = request.scope.get("endpoint")
-    if getattr(endpoint, "__name__", None) != COUNTED_ENDPOINT:
+def _nearest(table: dict[type[errors.PipelineError], T], exc: errors.PipelineError) -> T | None:
+    for cls in type(exc).__mro__:
+        if cls in table:
+            return table[cls]
+    return None
+
+
+def status_for(exc: errors.PipelineError) -> int:
+    """The HTTP status code that answers `exc` (500: a failure of ours, not the caller's)."""
+    status = _nearest(STATUS_BY_ERROR, exc)
+    return 500 if status is None else status
+
+
+def count_outcomes(request: Request) -> None:
+    """A route dependency: the route's answers are counted by outcome and line (an
+    unknown line is counted as `unknown`), the refusals too."""
+    request.state.count_outcomes = True
+
+
+def count_outcome(request: Request, outcome: IntakeOutcome) -> None:
+    """Count one answer of a route that `count_outcomes`."""
+    if not getattr(request.state, "count_outcomes", False):
         return
     rt: Runtime = request.app.state.runtime
     line = request.path_params.get("line", "")
@@ -71,31 +81,32 @@ def error_response(status: int, code: str, message: str) -> JSONResponse:
     return JSONResponse({"error": {"code": code, "message": message}}, status_code=status)
 
 
-def _status_for(exc: errors.PipelineError) -> int:
-    if isinstance(exc, MalformedBody):
-        return 400
-    for cls in type(exc).__mro__:
-        if cls in STATUS_BY_ERROR:
-            return STATUS_BY_ERROR[cls]
-    return 500
+def response_for(exc: errors.PipelineError) -> JSONResponse:
+    """The answer to `exc`: its status code, its code and message (for a 5xx, the class's
+    own message unless `message_is_public`: hosts and SQL are for our log), its details
+    and its headers."""
+    status = status_for(exc)
+    message = exc.message
+    if status >= 500 and not exc.message_is_public:
+        message = (type(exc).__doc__ or "unavailable").strip()
+    response = JSONResponse(
+        {"error": {"code": exc.code, "message": message}, **exc.details}, status_code=status
+    )
+    if isinstance(exc, errors.AdminRequired):
+        response.headers["WWW-Authenticate"] = "Bearer"
+    if isinstance(exc, errors.Throttled):
+        response.headers["Retry-After"] = str(exc.retry_after_s)
+    return response
 
 
 async def _pipeline_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, errors.PipelineError)
-    status = _status_for(exc)
-    if status in OUTCOME_BY_STATUS:
-        count_outcome(request, OUTCOME_BY_STATUS[status])
-    message = exc.message
-    if status >= 500:
-        # The details (hosts, SQL) are for our log, not for the caller.
+    outcome = _nearest(OUTCOME_BY_ERROR, exc)
+    if outcome is not None:
+        count_outcome(request, outcome)
+    if status_for(exc) >= 500:
         log.error("request_failed", code=exc.code, error=exc.message)
-        message = (type(exc).__doc__ or "unavailable").strip()
-    response = error_response(status, exc.code, message)
-    if isinstance(exc, errors.AdminRequired):
-        response.headers["WWW-Authenticate"] = "Bearer"
-    elif isinstance(exc, errors.RateLimited):
-        response.headers["Retry-After"] = str(exc.retry_after_s)
-    return response
+    return response_for(exc)
 
 
 async def _validation_error(_request: Request, exc: Exception) -> JSONResponse:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app.errors import HeadersTooLarge, Overloaded
-from app.intake.errors import error_response
+from app.intake.errors import response_for
 
 EXEMPT_PATHS = frozenset({"/healthz", "/readyz"})
 MAX_HEADERS = 100
@@ -36,13 +36,13 @@ class RequestLimits:
             message = (
                 f"headers are over the limit of {self.max_header_bytes} bytes or {MAX_HEADERS}"
             )
-            await error_response(431, HeadersTooLarge.code, message)(scope, receive, send)
+            await response_for(HeadersTooLarge(message))(scope, receive, send)
             return
         if scope["path"] in EXEMPT_PATHS:
             await self.app(scope, receive, send)
             return
         if self.in_flight >= self.limit:
-            response = error_response(503, Overloaded.code, (Overloaded.__doc__ or "").strip())
+            response = response_for(Overloaded())
             response.headers["Retry-After"] = str(RETRY_AFTER_S)
             await response(scope, receive, send)
             return

@@ -25,7 +25,7 @@ DB_POOL_SIZE = 10
 def create_app(settings: Settings) -> FastAPI:
     """The intake app for `settings`. Raises `ConfigError` for a bad line setting."""
     rt = Runtime.build(settings, db_pool_size=DB_POOL_SIZE)
-    group = GroupAccept(rt, clock=utcnow, timeout_s=settings.journal_timeout_seconds)
+    group = GroupAccept(rt.acceptor, clock=utcnow, timeout_s=settings.journal_timeout_seconds)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:

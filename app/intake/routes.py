@@ -6,7 +6,7 @@ import functools
 import hmac
 import random
 import time
-from datetime import UTC, datetime
+from datetime import datetime
 from importlib import resources
 from typing import Annotated, Any
 
@@ -17,39 +17,43 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstra
 from sqlalchemy import text
 from starlette.concurrency import run_in_threadpool
 
-from app.clock import utcnow
+from app.clock import as_utc, utcnow
 from app.delivery.group_commit import GroupAccept
-from app.delivery.runner import run_record
 from app.errors import (
     AdminForbidden,
     AdminRequired,
     BrokerUnavailable,
     JournalUnavailable,
     NonceReused,
+    NotReady,
+    QueueFull,
     RecordNotFound,
 )
-from app.ids import new_id
-from app.intake.body import body_digest, parse_payload, read_body
+from app.ids import digest, new_id
+from app.intake.body import parse_payload, read_body
+from app.intake.errors import count_outcomes
 from app.intake.pacing import Pacer
 from app.intake.signing import Caller, verify
 from app.journal import store
 from app.journal.models import RecordStatus, Source
 from app.journal.store import NewRecord, RecordFilter
-from app.observe.line_view import line_statuses, public
+from app.observe.line_view import public
 from app.observe.metrics import CONTENT_TYPE, render
-from app.observe.telemetry import Counter, Outcome, recent_alerts
-from app.recovery.replay import DEFAULT_STATUSES, ReplayFilter, replay
+from app.observe.telemetry import Counter, IntakeOutcome, recent_alerts
+from app.recovery.replay import DEFAULT_STATUSES, ReplayFilter
 from app.runtime import Runtime
 
 router = APIRouter()
 STATUS_PAGE = resources.files("app.intake").joinpath("static", "status.html")
 _OUTCOME_BY_STATUS = {
-    RecordStatus.ENQUEUED: Outcome.ACCEPTED,
-    RecordStatus.RECEIVED: Outcome.RECEIVED,
-    RecordStatus.DEFERRED: Outcome.DEFERRED,
-    RecordStatus.REJECTED: Outcome.REJECTED,
+    RecordStatus.ENQUEUED: IntakeOutcome.ACCEPTED,
+    RecordStatus.RECEIVED: IntakeOutcome.RECEIVED,
+    RecordStatus.DEFERRED: IntakeOutcome.DEFERRED,
+    RecordStatus.REJECTED: IntakeOutcome.REJECTED,
 }
 _rng = random.Random()  # noqa: S311 - backoff jitter, not cryptography
+# A rejected record's caller is asked to wait this long: a queue drains in seconds.
+QUEUE_FULL_RETRY_AFTER_S = 5
 
 # What `POST /v1/{line}` takes, for the OpenAPI document (the body is read raw to sign it).
 RECORD_BODY = {
@@ -82,7 +86,7 @@ class ErrorBody(BaseModel):
 
 def _in_utc(value: datetime) -> datetime:
     try:
-        return (value.replace(tzinfo=UTC) if value.tzinfo is None else value).astimezone(UTC)
+        return as_utc(value)
     except OverflowError:
         raise ValueError("the time has no UTC equivalent") from None
 
@@ -171,20 +175,14 @@ def readyz(rt: RuntimeDep) -> JSONResponse:
     except JournalUnavailable:
         failed.append("journal")
     if failed:
-        return JSONResponse(
-            {
-                "error": {"code": "not_ready", "message": f"unavailable: {', '.join(failed)}"},
-                "failed": failed,
-            },
-            status_code=503,
-        )
+        raise NotReady(f"unavailable: {', '.join(failed)}", failed=failed)
     return JSONResponse({"status": "ready"})
 
 
 @router.get("/v1/lines", responses=errors_doc(*COMMON))
 def lines(rt: RuntimeDep) -> dict[str, Any]:
     """Per line: queue depth and bound, policy, live workers, counts, oldest unfinished age."""
-    rows = line_statuses(rt, now=utcnow())
+    rows = rt.view.line_statuses(now=utcnow())
     return {"lines": [public(row) for row in rows]}
 
 
@@ -212,7 +210,7 @@ def alerts(rt: RuntimeDep, limit: Annotated[int, Query(ge=1, le=50)] = 20) -> di
 )
 async def metrics(rt: RuntimeDep) -> Response:
     """Prometheus text: per line queue depth and bound, records by status, counters."""
-    body = await run_in_threadpool(render, rt, now=utcnow())
+    body = await run_in_threadpool(render, rt.view, now=utcnow())
     return Response(body, media_type=CONTENT_TYPE)
 
 
@@ -297,7 +295,7 @@ async def post_replay(body: ReplayRequest, request: Request, rt: RuntimeDep) -> 
     )
     client = request.client.host if request.client else "unknown"
     counts = await run_in_threadpool(
-        replay, rt, where, dry_run=body.dry_run, actor=f"http:{client}", clock=utcnow
+        rt.replayer.replay, where, dry_run=body.dry_run, actor=f"http:{client}", clock=utcnow
     )
     return {
         "matched": counts.matched,
@@ -310,7 +308,13 @@ async def post_replay(body: ReplayRequest, request: Request, rt: RuntimeDep) -> 
     }
 
 
-@router.post("/v1/{line}", status_code=202, openapi_extra=RECORD_BODY, responses=RECORD_ANSWER)
+@router.post(
+    "/v1/{line}",
+    status_code=202,
+    openapi_extra=RECORD_BODY,
+    responses=RECORD_ANSWER,
+    dependencies=[Depends(count_outcomes)],
+)
 async def post_record(line: str, request: Request, rt: RuntimeDep) -> JSONResponse:
     """Journal a record for `line`, then push it onto the line's queue."""
     body = await read_body(
@@ -329,7 +333,7 @@ async def post_record(line: str, request: Request, rt: RuntimeDep) -> JSONRespon
         business_no=payload["business_no"],
         source=Source.INTAKE,
         dedup_key=caller.dedup_key,
-        body_sha256=body_digest(body),
+        body_sha256=digest(body),
         payload=payload,
     )
     group: GroupAccept = request.app.state.group_accept
@@ -338,11 +342,11 @@ async def post_record(line: str, request: Request, rt: RuntimeDep) -> JSONRespon
     if not result.created and record.body_sha256 != new.body_sha256:
         raise NonceReused("this nonce was already used with a different body")
     status = result.status
-    outcome = _OUTCOME_BY_STATUS.get(status, Outcome.ACCEPTED)
+    outcome = _OUTCOME_BY_STATUS.get(status, IntakeOutcome.ACCEPTED)
     if not result.created:
-        outcome = Outcome.DUPLICATE
+        outcome = IntakeOutcome.DUPLICATE
     elif result.caller_runs:
-        outcome = Outcome.CALLER_RUN
+        outcome = IntakeOutcome.CALLER_RUN
     rt.telemetry.count(Counter.INTAKE, line=spec.name, outcome=outcome.value)
     if result.caller_runs:
         # The line's own limiter: a slow line under caller_runs cannot take the threads
@@ -350,7 +354,7 @@ async def post_record(line: str, request: Request, rt: RuntimeDep) -> JSONRespon
         limiter = caller_run_limiter(request, spec.name, spec.settings.concurrency)
         try:
             ran = await anyio.to_thread.run_sync(
-                functools.partial(run_record, rt, record.id, clock=utcnow, rng=_rng),
+                functools.partial(rt.runner.run_record, record.id, clock=utcnow, rng=_rng),
                 limiter=limiter,
             )
         except JournalUnavailable:
@@ -363,10 +367,6 @@ async def post_record(line: str, request: Request, rt: RuntimeDep) -> JSONRespon
         "status": status.value,
     }
     if status is RecordStatus.REJECTED:
-        return JSONResponse(
-            {"error": {"code": "queue_full", "message": f"line {line!r} is full"}, **answer},
-            status_code=429,
-            headers={"Retry-After": "5"},
-        )
+        raise QueueFull(f"line {line!r} is full", retry_after_s=QUEUE_FULL_RETRY_AFTER_S, **answer)
     done = status is RecordStatus.DONE
     return JSONResponse(answer, status_code=200 if (done or not result.created) else 202)

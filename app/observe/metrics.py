@@ -16,9 +16,9 @@ from prometheus_client.registry import Collector
 
 from app.errors import BrokerUnavailable, JournalUnavailable
 from app.journal.models import RecordStatus
-from app.observe.line_view import JournalView, QueueView, journal_view, queue_views
-from app.observe.telemetry import Counter, Outcome, decode, read_counters
-from app.runtime import Runtime
+from app.lines import LineRegistry
+from app.observe.line_view import JournalView, LineView, QueueView
+from app.observe.telemetry import Counter, IntakeOutcome, decode, read_counters
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -33,7 +33,7 @@ _COUNTER_HELP: dict[Counter, tuple[str, tuple[str, ...]]] = {
 }
 
 
-def _counter_families(rt: Runtime, values: dict[str, int]) -> list[Metric]:
+def _counter_families(lines: LineRegistry, values: dict[str, int]) -> list[Metric]:
     families = {
         counter: CounterMetricFamily(counter.value, text, labels=list(labels))
         for counter, (text, labels) in _COUNTER_HELP.items()
@@ -49,8 +49,8 @@ def _counter_families(rt: Runtime, values: dict[str, int]) -> list[Metric]:
             continue
         seen[(name, tuple(labels[k] for k in keys))] = float(value)
     # Every line's series exist from the start, at zero: a rate() needs no first event.
-    for line in rt.lines:
-        for outcome in Outcome:
+    for line in lines:
+        for outcome in IntakeOutcome:
             seen.setdefault((Counter.INTAKE.value, (line.name, outcome.value)), 0)
         for counter in (
             Counter.DONE,
@@ -65,21 +65,21 @@ def _counter_families(rt: Runtime, values: dict[str, int]) -> list[Metric]:
     return list(families.values())
 
 
-def _queue_families(rt: Runtime, queues: dict[str, QueueView]) -> list[Metric]:
+def _queue_families(lines: LineRegistry, queues: dict[str, QueueView]) -> list[Metric]:
     depth = GaugeMetricFamily(
         "pipeline_queue_depth", "Messages waiting on the line's Redis list.", labels=["line"]
     )
     live = GaugeMetricFamily(
         "pipeline_live_workers", "Workers whose heartbeat for the line is live.", labels=["line"]
     )
-    for line in rt.lines:
+    for line in lines:
         view = queues[line.name]
         depth.add_metric([line.name], view.depth)
         live.add_metric([line.name], view.live_workers)
     return [depth, live]
 
 
-def _journal_families(rt: Runtime, journal: JournalView, *, now: datetime) -> list[Metric]:
+def _journal_families(lines: LineRegistry, journal: JournalView, *, now: datetime) -> list[Metric]:
     by_status = GaugeMetricFamily(
         "pipeline_records", "Journal records by line and status.", labels=["line", "status"]
     )
@@ -88,7 +88,7 @@ def _journal_families(rt: Runtime, journal: JournalView, *, now: datetime) -> li
         "Age of the line's oldest unfinished record (0 when none).",
         labels=["line"],
     )
-    for line in rt.lines:
+    for line in lines:
         counts = journal.counts.get(line.name, {})
         for status in RecordStatus:
             by_status.add_metric([line.name, status.value], counts.get(status.value, 0))
@@ -97,31 +97,32 @@ def _journal_families(rt: Runtime, journal: JournalView, *, now: datetime) -> li
     return [by_status, oldest]
 
 
-def families(rt: Runtime, *, now: datetime) -> list[Metric]:
+def families(view: LineView, *, now: datetime) -> list[Metric]:
     """Every metric family of one scrape."""
+    lines = view.lines
     bound = GaugeMetricFamily(
         "pipeline_queue_max_length", "The line's queue bound.", labels=["line", "overflow"]
     )
-    for line in rt.lines:
+    for line in lines:
         bound.add_metric([line.name, line.settings.overflow.value], line.settings.max_queue_length)
     found: list[Metric] = [bound]
     redis_up = GaugeMetricFamily("pipeline_redis_up", "1 when Redis answered this scrape.")
     try:
-        queues = queue_views(rt)
-        counters = read_counters(rt.redis)
+        queues = view.queue_views()
+        counters = read_counters(view.redis)
     except BrokerUnavailable:
         redis_up.add_metric([], 0)
     else:
         redis_up.add_metric([], 1)
-        found += _queue_families(rt, queues) + _counter_families(rt, counters)
+        found += _queue_families(lines, queues) + _counter_families(lines, counters)
     journal_up = GaugeMetricFamily("pipeline_journal_up", "1 when the journal answered.")
     try:
-        journal = journal_view(rt)
+        journal = view.journal_view()
     except JournalUnavailable:
         journal_up.add_metric([], 0)
     else:
         journal_up.add_metric([], 1)
-        found += _journal_families(rt, journal, now=now)
+        found += _journal_families(lines, journal, now=now)
     return [*found, redis_up, journal_up]
 
 
@@ -133,8 +134,8 @@ class _Scrape(Collector):
         return self._found
 
 
-def render(rt: Runtime, *, now: datetime) -> bytes:
+def render(view: LineView, *, now: datetime) -> bytes:
     """The Prometheus text of one scrape."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Scrape(families(rt, now=now)))
+    registry.register(_Scrape(families(view, now=now)))
     return generate_latest(registry)

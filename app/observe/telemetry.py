@@ -44,7 +44,7 @@ class Counter(StrEnum):
     ALERTS = "pipeline_alerts"
 
 
-class Outcome(StrEnum):
+class IntakeOutcome(StrEnum):
     """How the intake answered a `POST /v1/{line}`."""
 
     ACCEPTED = "accepted"  # journaled and on the queue

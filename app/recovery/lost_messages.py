@@ -17,16 +17,19 @@ flight or done, and runs nothing."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 
+from app.delivery.push import Pusher
 from app.errors import BrokerUnavailable
 from app.journal import store
-from app.lines import Line
+from app.journal.journal import Journal
+from app.lines import Line, LineRegistry
 from app.logs import get_logger
-from app.observe.telemetry import Counter
+from app.observe.alerts import Alerter
+from app.observe.telemetry import Counter, Telemetry
 from app.observe.webhooks import Event
 from app.recovery.sweeper import push_claimed
-from app.runtime import Runtime
 
 log = get_logger(__name__)
 
@@ -34,54 +37,65 @@ log = get_logger(__name__)
 MAX_SUSPECTS = 20_000
 
 
-def recover_lost(rt: Runtime, *, now: datetime) -> dict[str, int]:
-    """Push again, per line, the records whose message Redis lost. Returns how many per
-    line. Raises `JournalUnavailable`; a Redis that does not answer ends the check (the
-    next one tries again)."""
-    recovered: dict[str, int] = {}
-    try:
-        epoch = rt.admission.epoch()
-        for line in rt.lines:
-            count = _recover_line(rt, line, epoch=epoch, now=now)
-            if count:
-                recovered[line.name] = count
-    except BrokerUnavailable as exc:
-        log.warning("lost_check_broker_down", error=str(exc))
-    for line_name, count in recovered.items():
-        rt.telemetry.count(Counter.SWEEP_RECOVERED, count, line=line_name)
-        rt.alerts.raise_event(
-            Event.RECOVERED,
-            line=line_name,
-            message=f"{count} messages of {line_name!r} were missing from Redis and were "
-            "pushed again",
-            count_recovered=count,
-            partial=True,
-        )
-    return recovered
+@dataclass(frozen=True, kw_only=True)
+class LostMessages:
+    """Finds the records whose message Redis lost in part, and pushes them again."""
 
+    journal: Journal
+    pusher: Pusher
+    lines: LineRegistry
+    telemetry: Telemetry
+    alerts: Alerter
+    # A record whose message should be waiting, unchanged this long, is looked for.
+    quiet_s: float
 
-def _recover_line(rt: Runtime, line: Line, *, epoch: str, now: datetime) -> int:
-    quiet_s = rt.settings.lost_after_seconds
-    with rt.journal.reading() as conn:
-        suspects = store.waiting_suspects(
-            conn, line=line.name, epoch=epoch, now=now, quiet_s=quiet_s, limit=MAX_SUSPECTS
+    def recover_lost(self, *, now: datetime) -> dict[str, int]:
+        """Push again, per line, the records whose message Redis lost. Returns how many per
+        line. Raises `JournalUnavailable`; a Redis that does not answer ends the check (the
+        next one tries again)."""
+        recovered: dict[str, int] = {}
+        try:
+            epoch = self.pusher.epoch()
+            for line in self.lines:
+                count = self._recover_line(line, epoch=epoch, now=now)
+                if count:
+                    recovered[line.name] = count
+        except BrokerUnavailable as exc:
+            log.warning("lost_check_broker_down", error=str(exc))
+        for line_name, count in recovered.items():
+            self.telemetry.count(Counter.SWEEP_RECOVERED, count, line=line_name)
+            self.alerts.raise_event(
+                Event.RECOVERED,
+                line=line_name,
+                message=f"{count} messages of {line_name!r} were missing from Redis and were "
+                "pushed again",
+                count_recovered=count,
+                partial=True,
+            )
+        return recovered
+
+    def _recover_line(self, line: Line, *, epoch: str, now: datetime) -> int:
+        quiet_s = self.quiet_s
+        with self.journal.reading() as conn:
+            suspects = store.waiting_suspects(
+                conn, line=line.name, epoch=epoch, now=now, quiet_s=quiet_s, limit=MAX_SUSPECTS
+            )
+        if not suspects:
+            return 0
+        present = self.pusher.present_ids(line.queue)
+        missing = [record_id for record_id in suspects if record_id not in present]
+        if not missing:
+            return 0
+        with self.journal.transaction() as conn:
+            claimed = store.claim_lost(conn, missing, epoch=epoch, now=now, quiet_s=quiet_s)
+        if not claimed:
+            return 0
+        pushed = push_claimed(self.journal, self.pusher, line, claimed, now=now)
+        log.warning(
+            "lost_messages_pushed_again",
+            line=line.name,
+            missing=len(missing),
+            pushed=len(pushed),
+            first_id=claimed[0].id,
         )
-    if not suspects:
-        return 0
-    present = rt.admission.present_ids(line.queue)
-    missing = [record_id for record_id in suspects if record_id not in present]
-    if not missing:
-        return 0
-    with rt.journal.transaction() as conn:
-        claimed = store.claim_lost(conn, missing, epoch=epoch, now=now, quiet_s=quiet_s)
-    if not claimed:
-        return 0
-    pushed = push_claimed(rt, line, claimed, now=now)
-    log.warning(
-        "lost_messages_pushed_again",
-        line=line.name,
-        missing=len(missing),
-        pushed=len(pushed),
-        first_id=claimed[0].id,
-    )
-    return len(pushed)
+        return len(pushed)

@@ -16,17 +16,24 @@ from datetime import datetime
 
 import httpx
 
-from app.delivery.sinks import newest_statuses, payload_occurred_at, stored_rows
+from app.delivery.push import Pusher
+from app.delivery.sinks import (
+    ORDER_STATUS_TABLE,
+    newest_statuses,
+    payload_occurred_at,
+    stored_rows,
+)
 from app.ids import new_id
 from app.journal import store
+from app.journal.journal import Journal
 from app.journal.models import UNFINISHED, RecordStatus
 from app.journal.store import RecordFilter, RecordKey
 from app.journal.transitions import Event as TransitionEvent
-from app.lines import Line
+from app.lines import Line, LineRegistry
 from app.logs import get_logger
+from app.observe.alerts import Alerter
 from app.observe.webhooks import Event
-from app.runtime import Runtime
-from app.settings import CHECK_URL_ID
+from app.settings import CHECK_URL_ID, SinkKind
 
 log = get_logger(__name__)
 
@@ -79,161 +86,169 @@ class ReplayCounts:
     by_line: dict[str, int] = field(default_factory=dict)
 
 
-def count_matching(rt: Runtime, where: ReplayFilter) -> int:
-    """How many records `where` selects (for a progress bar)."""
-    with rt.journal.reading() as conn:
-        return store.count_records(conn, where.record_filter())
+@dataclass(frozen=True, kw_only=True)
+class Replayer:
+    """Puts journal records back on their queues (`replay`), skipping what downstream has."""
 
+    journal: Journal
+    pusher: Pusher
+    lines: LineRegistry
+    http: httpx.Client
+    alerts: Alerter
 
-def replay(
-    rt: Runtime,
-    where: ReplayFilter,
-    *,
-    dry_run: bool,
-    actor: str,
-    clock: Callable[[], datetime],
-    on_page: Callable[[int], None] | None = None,
-) -> ReplayCounts:
-    """Replay the records `where` selects. Raises `JournalUnavailable`, `BrokerUnavailable`."""
-    counts = ReplayCounts()
-    replay_id = new_id(clock())
-    with rt.journal.transaction("replay") as conn:
-        store.start_replay(
-            conn,
-            replay_id=replay_id,
-            actor=actor,
-            where=where.describe(),
-            dry_run=dry_run,
-            now=clock(),
-        )
-    # One (line, status) at a time: each page is then a range of the (line, status, id)
-    # index, however large the journal, instead of a sort of every match. The statuses
-    # a replay moves records to come first, so no record is met twice.
-    lines = [where.line] if where.line else rt.lines.names()
-    statuses = sorted(where.statuses, key=lambda s: s not in _REPLAY_MOVES_TO)
-    for line_name, status in itertools.product(lines, statuses):
-        part = replace(where.record_filter(), line=line_name, statuses=[status])
-        cursor: str | None = None
-        while True:
-            with rt.journal.reading() as conn:
-                page = store.list_record_keys(conn, part, limit=PAGE_SIZE, after=cursor)
-            if not page:
-                break
-            cursor = page[-1].id
-            _replay_page(rt, page, counts, dry_run=dry_run, clock=clock)
-            if on_page:
-                on_page(len(page))
-    with rt.journal.transaction("replay") as conn:
-        store.finish_replay(conn, replay_id=replay_id, counts=asdict(counts), now=clock())
-    log.info("replay_finished", replay_id=replay_id, dry_run=dry_run, **asdict(counts))
-    rt.alerts.raise_event(
-        Event.REPLAY_FINISHED,
-        line=where.line,
-        message=f"replay{' (dry run)' if dry_run else ''} by {actor}: {counts.matched} matched, "
-        f"{counts.enqueued} enqueued, {counts.deferred} deferred, "
-        f"{counts.skipped_done + counts.skipped_synced + counts.skipped_in_flight} skipped",
-        replay_id=replay_id,
-        dry_run=dry_run,
-        matched=counts.matched,
-        enqueued=counts.enqueued,
-        deferred=counts.deferred,
-        skipped_done=counts.skipped_done,
-        skipped_synced=counts.skipped_synced,
-        skipped_in_flight=counts.skipped_in_flight,
-    )
-    return counts
+    def count_matching(self, where: ReplayFilter) -> int:
+        """How many records `where` selects (for a progress bar)."""
+        with self.journal.reading() as conn:
+            return store.count_records(conn, where.record_filter())
 
-
-def _replay_page(
-    rt: Runtime,
-    page: list[RecordKey],
-    counts: ReplayCounts,
-    *,
-    dry_run: bool,
-    clock: Callable[[], datetime],
-) -> None:
-    counts.matched += len(page)
-    by_line: dict[str, list[RecordKey]] = {}
-    for record in page:
-        if record.status is RecordStatus.DONE:
-            counts.skipped_done += 1
-        else:
-            by_line.setdefault(record.line, []).append(record)
-    for line_name, batch in by_line.items():
-        line = rt.lines.get(line_name)
-        synced = _downstream_has(rt, line, batch)
-        todo = [r for r in batch if r.id not in synced]
-        counts.skipped_synced += len(batch) - len(todo)
-        if dry_run:
-            counts.enqueued += len(todo)
-            continue
-        now = clock()
-        # Claimed in the epoch they are about to be pushed in: one transaction per page
-        # unless the queue fills up or Redis restarts in between. Only what this replay
-        # claimed is pushed: a record in flight (a live lease, or enqueued in this epoch),
-        # or one another replay claimed first, is left alone.
-        epoch = rt.admission.epoch()
-        with rt.journal.transaction() as conn:
-            store.mark_synced(conn, sorted(synced), now=now)
-            claimed = set(
-                store.claim_as_enqueued(
-                    conn,
-                    todo,
-                    TransitionEvent.REPLAYED,
-                    now=now,
-                    fresh_attempts=True,
-                    epoch=epoch,
-                    not_in_epoch=epoch,
-                )
+    def replay(
+        self,
+        where: ReplayFilter,
+        *,
+        dry_run: bool,
+        actor: str,
+        clock: Callable[[], datetime],
+        on_page: Callable[[int], None] | None = None,
+    ) -> ReplayCounts:
+        """Replay the records `where` selects. Raises `JournalUnavailable`, `BrokerUnavailable`."""
+        counts = ReplayCounts()
+        replay_id = new_id(clock())
+        with self.journal.transaction("replay") as conn:
+            store.start_replay(
+                conn,
+                replay_id=replay_id,
+                actor=actor,
+                where=where.describe(),
+                dry_run=dry_run,
+                now=clock(),
             )
-        ours = [r for r in todo if r.id in claimed]
-        counts.skipped_in_flight += len(todo) - len(ours)
-        outcome = rt.admission.push(
-            line.queue,
-            [r.id for r in ours],
-            max_length=line.settings.max_queue_length,
-            batch_size=line.batch_size,
+        # One (line, status) at a time: each page is then a range of the (line, status, id)
+        # index, however large the journal, instead of a sort of every match. The statuses
+        # a replay moves records to come first, so no record is met twice.
+        lines = [where.line] if where.line else self.lines.names()
+        statuses = sorted(where.statuses, key=lambda s: s not in _REPLAY_MOVES_TO)
+        for line_name, status in itertools.product(lines, statuses):
+            part = replace(where.record_filter(), line=line_name, statuses=[status])
+            cursor: str | None = None
+            while True:
+                with self.journal.reading() as conn:
+                    page = store.list_record_keys(conn, part, limit=PAGE_SIZE, after=cursor)
+                if not page:
+                    break
+                cursor = page[-1].id
+                self._replay_page(page, counts, dry_run=dry_run, clock=clock)
+                if on_page:
+                    on_page(len(page))
+        with self.journal.transaction("replay") as conn:
+            store.finish_replay(conn, replay_id=replay_id, counts=asdict(counts), now=clock())
+        log.info("replay_finished", replay_id=replay_id, dry_run=dry_run, **asdict(counts))
+        self.alerts.raise_event(
+            Event.REPLAY_FINISHED,
+            line=where.line,
+            message=f"replay{' (dry run)' if dry_run else ''} by {actor}: "
+            f"{counts.matched} matched, {counts.enqueued} enqueued, {counts.deferred} deferred, "
+            f"{counts.skipped_done + counts.skipped_synced + counts.skipped_in_flight} skipped",
+            replay_id=replay_id,
+            dry_run=dry_run,
+            matched=counts.matched,
+            enqueued=counts.enqueued,
+            deferred=counts.deferred,
+            skipped_done=counts.skipped_done,
+            skipped_synced=counts.skipped_synced,
+            skipped_in_flight=counts.skipped_in_flight,
         )
-        pushed = [r.id for r in ours[: outcome.pushed]]
-        left = [r.id for r in ours[outcome.pushed :]]
-        if left or outcome.epoch != epoch:
-            with rt.journal.transaction() as conn:
-                if outcome.epoch != epoch:
-                    store.set_epoch(conn, pushed, epoch=outcome.epoch, replace=True)
-                store.move(conn, left, TransitionEvent.NOT_PUSHED, now=now)
-        counts.enqueued += len(pushed)
-        counts.deferred += len(left)
-        counts.by_line[line_name] = counts.by_line.get(line_name, 0) + len(pushed) + len(left)
+        return counts
 
+    def _replay_page(
+        self,
+        page: list[RecordKey],
+        counts: ReplayCounts,
+        *,
+        dry_run: bool,
+        clock: Callable[[], datetime],
+    ) -> None:
+        counts.matched += len(page)
+        by_line: dict[str, list[RecordKey]] = {}
+        for record in page:
+            if record.status is RecordStatus.DONE:
+                counts.skipped_done += 1
+            else:
+                by_line.setdefault(record.line, []).append(record)
+        for line_name, batch in by_line.items():
+            line = self.lines.get(line_name)
+            synced = self._downstream_has(line, batch)
+            todo = [r for r in batch if r.id not in synced]
+            counts.skipped_synced += len(batch) - len(todo)
+            if dry_run:
+                counts.enqueued += len(todo)
+                continue
+            now = clock()
+            # Claimed in the epoch they are about to be pushed in: one transaction per page
+            # unless the queue fills up or Redis restarts in between. Only what this replay
+            # claimed is pushed: a record in flight (a live lease, or enqueued in this epoch),
+            # or one another replay claimed first, is left alone.
+            epoch = self.pusher.epoch()
+            with self.journal.transaction() as conn:
+                store.mark_synced(conn, sorted(synced), now=now)
+                claimed = set(
+                    store.claim_as_enqueued(
+                        conn,
+                        todo,
+                        TransitionEvent.REPLAYED,
+                        now=now,
+                        fresh_attempts=True,
+                        epoch=epoch,
+                        not_in_epoch=epoch,
+                    )
+                )
+            ours = [r for r in todo if r.id in claimed]
+            counts.skipped_in_flight += len(todo) - len(ours)
+            outcome = self.pusher.push(
+                line.queue,
+                [r.id for r in ours],
+                max_length=line.settings.max_queue_length,
+                batch_size=line.batch_size,
+            )
+            pushed = [r.id for r in ours[: outcome.pushed]]
+            left = [r.id for r in ours[outcome.pushed :]]
+            if left or outcome.epoch != epoch:
+                with self.journal.transaction() as conn:
+                    if outcome.epoch != epoch:
+                        store.set_epoch(conn, pushed, epoch=outcome.epoch, replace=True)
+                    store.move(conn, left, TransitionEvent.NOT_PUSHED, now=now)
+            counts.enqueued += len(pushed)
+            counts.deferred += len(left)
+            counts.by_line[line_name] = counts.by_line.get(line_name, 0) + len(pushed) + len(left)
 
-def _downstream_has(rt: Runtime, line: Line, batch: list[RecordKey]) -> set[str]:
-    """Ids of the records of `batch` whose effect downstream already has."""
-    if line.handler is not None:
-        return set()  # a custom handler has no way to tell: replay it (it is idempotent)
-    if line.settings.downstream_url:
-        template = line.settings.check_url
-        return {r.id for r in batch if template and _http_has(rt.http, template, r)}
-    business_nos = list({r.business_no for r in batch})
-    with rt.journal.reading() as conn:
-        if line.name == "status":
-            newest = newest_statuses(conn, business_nos)
-            known = [r for r in batch if r.business_no in newest]
-            found = store.payloads(conn, [r.id for r in known])
-            return {
-                r.id
-                for r in known
-                if r.id in found and newest[r.business_no] >= payload_occurred_at(found[r.id])
-            }
-        stored = stored_rows(conn, line.name, business_nos)
-        # Downstream has a record when its row was written by it, or holds the same
-        # payload; a row of another record with other content does not count. Payloads
-        # are read only for the records that need the comparison.
-        known = [r for r in batch if r.business_no in stored]
-        written_by = {r.id for r in known if stored[r.business_no][0] == r.id}
-        found = store.payloads(conn, [r.id for r in known if r.id not in written_by])
-    return written_by | {
-        r.id for r in known if r.id in found and stored[r.business_no][1] == found[r.id]
-    }
+    def _downstream_has(self, line: Line, batch: list[RecordKey]) -> set[str]:
+        """Ids of the records of `batch` whose effect downstream already has."""
+        if line.sink.kind is SinkKind.HANDLER:
+            return set()  # a custom handler has no way to tell: replay it (it is idempotent)
+        if line.sink.kind is SinkKind.HTTP:
+            template = line.settings.check_url
+            return {r.id for r in batch if template and _http_has(self.http, template, r)}
+        table = line.sink_table
+        business_nos = list({r.business_no for r in batch})
+        with self.journal.reading() as conn:
+            if table == ORDER_STATUS_TABLE:
+                newest = newest_statuses(conn, business_nos)
+                known = [r for r in batch if r.business_no in newest]
+                found = store.payloads(conn, [r.id for r in known])
+                return {
+                    r.id
+                    for r in known
+                    if r.id in found and newest[r.business_no] >= payload_occurred_at(found[r.id])
+                }
+            stored = stored_rows(conn, table=table, line=line.name, business_nos=business_nos)
+            # Downstream has a record when its row was written by it, or holds the same
+            # payload; a row of another record with other content does not count. Payloads
+            # are read only for the records that need the comparison.
+            known = [r for r in batch if r.business_no in stored]
+            written_by = {r.id for r in known if stored[r.business_no][0] == r.id}
+            found = store.payloads(conn, [r.id for r in known if r.id not in written_by])
+        return written_by | {
+            r.id for r in known if r.id in found and stored[r.business_no][1] == found[r.id]
+        }
 
 
 def _http_has(client: httpx.Client, template: str, record: RecordKey) -> bool:

@@ -14,14 +14,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from app.delivery.push import Pusher
 from app.errors import BrokerUnavailable
 from app.journal import store
+from app.journal.journal import Journal
 from app.journal.models import Record, RecordStatus
-from app.lines import Line
+from app.lines import Line, LineRegistry
 from app.logs import get_logger
-from app.observe.telemetry import Counter
+from app.observe.alerts import Alerter
+from app.observe.telemetry import Counter, Telemetry
 from app.observe.webhooks import Event
-from app.runtime import Runtime
 
 log = get_logger(__name__)
 
@@ -36,83 +38,99 @@ class SweepResult:
     broker_down: bool = False
 
 
-def sweep(rt: Runtime, *, now: datetime) -> SweepResult:
-    """One pass over the journal, at most `sweep_max_per_run` records.
+@dataclass(frozen=True, kw_only=True)
+class Sweeper:
+    """Puts back on their queues the records that should be there (one pass: `sweep`)."""
 
-    Raises `JournalUnavailable`; never `BrokerUnavailable` (records whose push failed stay
-    as they were, for the next pass)."""
-    result = SweepResult()
-    try:
-        epoch = rt.admission.epoch()
-        for line in rt.lines:
-            _sweep_line(rt, line, epoch=epoch, now=now, result=result)
-    except BrokerUnavailable as exc:
-        result.broker_down = True
-        log.warning("sweep_broker_down", error=str(exc))
-    for line_name, count in result.enqueued.items():
-        rt.telemetry.count(Counter.SWEEP_ENQUEUED, count, line=line_name)
-    for line_name, count in result.recovered.items():
-        rt.telemetry.count(Counter.SWEEP_RECOVERED, count, line=line_name)
-        rt.alerts.raise_event(
-            Event.RECOVERED,
-            line=line_name,
-            message=f"{count} records of {line_name!r} were lost from Redis and enqueued again",
-            count_recovered=count,
-        )
-    if result.enqueued:
-        log.info(
-            "sweep_finished",
-            enqueued=result.enqueued,
-            recovered=result.recovered,
-            stuck=result.stuck,
-        )
-    return result
+    journal: Journal
+    pusher: Pusher
+    lines: LineRegistry
+    telemetry: Telemetry
+    alerts: Alerter
+    # The most records one pass pushes, and one claim takes.
+    max_per_run: int
+    batch_limit: int
+    # A `received` record unchanged this long is pushed; an `enqueued` one is pushed again.
+    received_grace_s: float
+    stuck_after_s: float
 
+    def sweep(self, *, now: datetime) -> SweepResult:
+        """One pass over the journal, at most `max_per_run` records.
 
-def _sweep_line(rt: Runtime, line: Line, *, epoch: str, now: datetime, result: SweepResult) -> None:
-    settings = rt.settings
-    budget = settings.sweep_max_per_run
-    while budget > 0:
-        # Room is counted in messages; a message holds up to `batch_size` records.
-        room = line.settings.max_queue_length - rt.admission.depth(line.queue)
-        limit = min(room * line.batch_size, budget, settings.sweep_batch_size)
-        if limit <= 0:
-            return
-        with rt.journal.transaction() as conn:
-            claimed = store.claim_due(
-                conn,
-                line=line.name,
-                now=now,
-                received_grace_s=settings.received_grace_seconds,
-                stuck_after_s=settings.stuck_after_seconds,
-                epoch=epoch,
-                limit=limit,
+        Raises `JournalUnavailable`; never `BrokerUnavailable` (records whose push failed stay
+        as they were, for the next pass)."""
+        result = SweepResult()
+        try:
+            epoch = self.pusher.epoch()
+            for line in self.lines:
+                self._sweep_line(line, epoch=epoch, now=now, result=result)
+        except BrokerUnavailable as exc:
+            result.broker_down = True
+            log.warning("sweep_broker_down", error=str(exc))
+        for line_name, count in result.enqueued.items():
+            self.telemetry.count(Counter.SWEEP_ENQUEUED, count, line=line_name)
+        for line_name, count in result.recovered.items():
+            self.telemetry.count(Counter.SWEEP_RECOVERED, count, line=line_name)
+            self.alerts.raise_event(
+                Event.RECOVERED,
+                line=line_name,
+                message=f"{count} records of {line_name!r} were lost from Redis and enqueued again",
+                count_recovered=count,
             )
-        if not claimed:
-            return
-        budget -= len(claimed)
-        pushed = push_claimed(rt, line, claimed, now=now)
-        _count(result, line.name, pushed, epoch=epoch)
-        if len(pushed) < len(claimed):
-            return  # the queue filled up meanwhile
+        if result.enqueued:
+            log.info(
+                "sweep_finished",
+                enqueued=result.enqueued,
+                recovered=result.recovered,
+                stuck=result.stuck,
+            )
+        return result
+
+    def _sweep_line(self, line: Line, *, epoch: str, now: datetime, result: SweepResult) -> None:
+        budget = self.max_per_run
+        while budget > 0:
+            # Room is counted in messages; a message holds up to `batch_size` records.
+            room = line.settings.max_queue_length - self.pusher.depth(line.queue)
+            limit = min(room * line.batch_size, budget, self.batch_limit)
+            if limit <= 0:
+                return
+            with self.journal.transaction() as conn:
+                claimed = store.claim_due(
+                    conn,
+                    line=line.name,
+                    now=now,
+                    received_grace_s=self.received_grace_s,
+                    stuck_after_s=self.stuck_after_s,
+                    epoch=epoch,
+                    limit=limit,
+                )
+            if not claimed:
+                return
+            budget -= len(claimed)
+            pushed = push_claimed(self.journal, self.pusher, line, claimed, now=now)
+            _count(result, line.name, pushed, epoch=epoch)
+            if len(pushed) < len(claimed):
+                return  # the queue filled up meanwhile
 
 
-def push_claimed(rt: Runtime, line: Line, claimed: list[Record], *, now: datetime) -> list[Record]:
+def push_claimed(
+    journal: Journal, pusher: Pusher, line: Line, claimed: list[Record], *, now: datetime
+) -> list[Record]:
     """Push records claimed for it (`… → enqueued`, no epoch); put back what was not
     pushed. Returns the pushed records. Raises `BrokerUnavailable` (all put back)."""
     try:
-        outcome = rt.admission.push(
+        outcome = pusher.push(
             line.queue,
             [r.id for r in claimed],
             max_length=line.settings.max_queue_length,
             batch_size=line.batch_size,
         )
     except BrokerUnavailable:
-        with rt.journal.transaction() as conn:
+        with journal.transaction() as conn:
             store.put_back(conn, claimed, now=now)
         raise
     pushed, left = claimed[: outcome.pushed], claimed[outcome.pushed :]
-    with rt.journal.transaction() as conn:
+    with journal.transaction() as conn:
         store.set_epoch(conn, [r.id for r in pushed], epoch=outcome.epoch)
         store.put_back(conn, left, now=now)
     return pushed

@@ -4,16 +4,16 @@ made twice (two beats, a restart) is stored and run once."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from app.delivery.accept import accept
+from app.delivery.accept import Acceptor
 from app.errors import PipelineError
-from app.ids import new_id
-from app.intake.body import body_digest
+from app.ids import digest, new_id
+from app.journal.journal import Journal
 from app.journal.models import Source
 from app.journal.store import NewRecord
 from app.logs import get_logger
-from app.runtime import Runtime
 from app.schedules.cron import next_fire, plan
 from app.schedules.store import Schedule, fire_payload, list_all, record_fired
 from app.settings import Overflow
@@ -25,59 +25,66 @@ def dedup_key(name: str, fire: datetime) -> str:
     return f"schedule:{name}:{fire.astimezone(UTC).isoformat()}"
 
 
-def fire_due(rt: Runtime, *, now: datetime) -> int:
-    """Fire every enabled schedule's due times. Returns how many records were created.
+@dataclass(frozen=True, kw_only=True)
+class ScheduleFirer:
+    """Fires the due times of the enabled schedules, each through `Acceptor` like an intake
+    request."""
 
-    Raises `JournalUnavailable` when the schedules cannot be read."""
-    with rt.journal.reading("reading schedules") as conn:
-        current = list_all(conn, enabled_only=True)
-    created = 0
-    for schedule in current:
-        try:
-            created += _fire_schedule(rt, schedule, now=now)
-        except PipelineError as exc:
-            log.warning("schedule_fire_failed", schedule=schedule.name, error=str(exc))
-    return created
+    journal: Journal
+    acceptor: Acceptor
 
+    def fire_due(self, *, now: datetime) -> int:
+        """Fire every enabled schedule's due times. Returns how many records were created.
 
-def _fire_schedule(rt: Runtime, schedule: Schedule, *, now: datetime) -> int:
-    todo = plan(
-        schedule.cron,
-        schedule.timezone,
-        policy=schedule.misfire,
-        catchup_window_s=schedule.catchup_window_s,
-        last_fire=schedule.last_fire_at,
-        created_at=schedule.created_at,
-        now=now,
-    )
-    if todo.fired_through is None:
-        return 0
-    created = 0
-    for fire in todo.fire:
-        payload = fire_payload(schedule, fire)
-        new = NewRecord(
-            id=new_id(now),
-            line=schedule.line,
-            business_no=str(payload["business_no"]),
-            source=Source.SCHEDULE,
-            dedup_key=dedup_key(schedule.name, fire),
-            body_sha256=body_digest(repr(sorted(payload.items())).encode()),
-            payload=payload,
-        )
-        # Deferred when the line is full, whatever its policy: no caller is there to send a
-        # rejected fire again, and beat runs no handler (caller_runs); the sweeper pushes it.
-        result = accept(rt, new, clock=lambda: now, overflow=Overflow.DEFER)
-        if result.created:
-            created += 1
-            log.info("schedule_fired", schedule=schedule.name, fire=fire.isoformat())
-    if not todo.fire:
-        log.info("schedule_missed_fires_skipped", schedule=schedule.name)
-    with rt.journal.transaction("recording the fire") as conn:
-        record_fired(
-            conn,
-            schedule.name,
-            through=todo.fired_through,
-            next_at=next_fire(schedule.cron, schedule.timezone, after=now),
+        Raises `JournalUnavailable` when the schedules cannot be read."""
+        with self.journal.reading("reading schedules") as conn:
+            current = list_all(conn, enabled_only=True)
+        created = 0
+        for schedule in current:
+            try:
+                created += self._fire_schedule(schedule, now=now)
+            except PipelineError as exc:
+                log.warning("schedule_fire_failed", schedule=schedule.name, error=str(exc))
+        return created
+
+    def _fire_schedule(self, schedule: Schedule, *, now: datetime) -> int:
+        todo = plan(
+            schedule.cron,
+            schedule.timezone,
+            policy=schedule.misfire,
+            catchup_window_s=schedule.catchup_window_s,
+            last_fire=schedule.last_fire_at,
+            created_at=schedule.created_at,
             now=now,
         )
-    return created
+        if todo.fired_through is None:
+            return 0
+        created = 0
+        for fire in todo.fire:
+            payload = fire_payload(schedule, fire)
+            new = NewRecord(
+                id=new_id(now),
+                line=schedule.line,
+                business_no=str(payload["business_no"]),
+                source=Source.SCHEDULE,
+                dedup_key=dedup_key(schedule.name, fire),
+                body_sha256=digest(repr(sorted(payload.items())).encode()),
+                payload=payload,
+            )
+            # Deferred when the line is full, whatever its policy: no caller is there to send a
+            # rejected fire again, and beat runs no handler (caller_runs); the sweeper pushes it.
+            result = self.acceptor.accept(new, clock=lambda: now, overflow=Overflow.DEFER)
+            if result.created:
+                created += 1
+                log.info("schedule_fired", schedule=schedule.name, fire=fire.isoformat())
+        if not todo.fire:
+            log.info("schedule_missed_fires_skipped", schedule=schedule.name)
+        with self.journal.transaction("recording the fire") as conn:
+            record_fired(
+                conn,
+                schedule.name,
+                through=todo.fired_through,
+                next_at=next_fire(schedule.cron, schedule.timezone, after=now),
+                now=now,
+            )
+        return created

@@ -122,7 +122,7 @@ def test_redis_killed_with_its_last_second_unsynced_loses_no_record(harness, tmp
         rt = harness.runtime()
         stored = {r.id: r for r in harness.records()}
         assert rt.redis.exists(EPOCH_KEY), "the epoch was lost: not a partial loss"
-        epoch = rt.admission.epoch()
+        epoch = rt.pusher.epoch()
         on_queue = set(queued_ids(rt.redis, "order"))
         lost = [
             i

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 
 from app.clock import utcnow
-from app.delivery.accept import accept_many
 from app.journal.models import RecordStatus
 from app.lines import TABLE_SINK_BATCH
 from tests.integration.test_journal import new_record
@@ -27,7 +26,7 @@ def test_a_push_packs_records_into_messages_and_stops_at_the_bound_in_messages(h
     rt = harness.runtime()
     ids = journal_enqueued(rt, [{"business_no": f"B-{n}"} for n in range(20)])
 
-    outcome = rt.admission.push("order", ids, max_length=2, batch_size=8)
+    outcome = rt.pusher.push("order", ids, max_length=2, batch_size=8)
 
     assert (outcome.pushed, outcome.depth) == (16, 2)
     # LPUSH: the oldest message is at the right, where the worker takes from.
@@ -50,7 +49,7 @@ def test_by_default_a_group_is_packed_on_a_table_sink_line_and_not_on_an_http_li
     orders = [new_record("order", f"O-{n}", now=now) for n in range(TABLE_SINK_BATCH + 2)]
     refunds = [new_record("refund", f"R-{n}", now=now) for n in range(3)]
 
-    accept_many(rt, [*orders, *refunds], clock=utcnow)
+    rt.acceptor.accept_many([*orders, *refunds], clock=utcnow)
 
     order_ids = [new.id for new in orders]
     assert [message_args(m) for m in reversed(rt.redis.lrange("order", 0, -1))] == [
@@ -101,7 +100,7 @@ def test_a_record_the_sink_refuses_fails_alone_and_the_rest_of_its_batch_is_done
     strict = not harness.env["PIPELINE_DATABASE_URL"].startswith("sqlite")
     refused = {ids[2], ids[5]} if strict else {ids[2]}
 
-    assert rt.admission.push("status", ids, max_length=10, batch_size=8).pushed == 8
+    assert rt.pusher.push("status", ids, max_length=10, batch_size=8).pushed == 8
     harness.start_worker("status", pool="prefork", concurrency=1)
 
     final = harness.wait_until_final(set(ids) - refused, timeout_s=60)
@@ -130,7 +129,7 @@ def test_a_batch_writes_its_records_in_message_order_and_an_id_met_twice_runs_on
     # ids[4] before ids[1]: the message's order, not the journal's; ids[0] twice.
     message = [ids[0], ids[4], ids[1], ids[2], ids[0], ids[3]]
 
-    assert rt.admission.push("order", message, max_length=10, batch_size=len(message)).pushed == 6
+    assert rt.pusher.push("order", message, max_length=10, batch_size=len(message)).pushed == 6
     harness.start_worker("order", pool="prefork", concurrency=1)
 
     final = harness.wait_until_final(set(ids), timeout_s=60)

@@ -15,9 +15,8 @@ from sqlalchemy import event
 
 from app.celery_app import create_celery
 from app.clock import utcnow
-from app.delivery.accept import Acceptance, accept_many
+from app.delivery.accept import Acceptance
 from app.delivery.push import TASK_NAME
-from app.delivery.runner import run_record
 from app.errors import UnboundedPublish
 from app.ids import new_id
 from app.journal import attempts, store
@@ -27,8 +26,6 @@ from app.journal.models import RecordStatus, Source
 from app.journal.schema import upgrade
 from app.journal.store import NewRecord
 from app.journal.transitions import Event as TransitionEvent
-from app.recovery.retention import purge
-from app.recovery.sweeper import sweep
 from tests.support.journal import force_status
 from tests.support.messages import queued_ids
 
@@ -53,8 +50,8 @@ def test_a_done_record_is_never_moved_by_a_late_or_duplicate_delivery(harness):
         record, created = store.insert_record(conn, new_record("order", "A-1", now=now), now=now)
     assert created
     rng = random.Random(1)
-    assert run_record(rt, record.id, clock=utcnow, rng=rng) is RecordStatus.DONE
-    assert run_record(rt, record.id, clock=utcnow, rng=rng) is None  # a second message
+    assert rt.runner.run_record(record.id, clock=utcnow, rng=rng) is RecordStatus.DONE
+    assert rt.runner.run_record(record.id, clock=utcnow, rng=rng) is None  # a second message
     with rt.engine.begin() as conn:
         assert attempts.claim_attempt(conn, record.id, owner="late", lease_s=60, now=now) is None
         late = dataclasses.replace(record, attempts=1)
@@ -99,7 +96,7 @@ def test_sweeper_pushes_old_received_records_oldest_first_within_the_bound(harne
         fresh, _ = store.insert_record(
             conn, new_record("order", "FRESH", now=fresh_at), now=fresh_at
         )
-    result = sweep(rt, now=utcnow())
+    result = rt.sweeper.sweep(now=utcnow())
     assert result.enqueued == {"order": 3}
     statuses = {r.id: r.status for r in harness.records()}
     # Only as many as there is room for are claimed; the rest wait, untouched, in order.
@@ -133,20 +130,20 @@ def test_records_lost_with_redis_memory_are_enqueued_again_and_recovered_is_rais
         for n in range(4):
             record, _ = store.insert_record(conn, new_record("refund", f"R-{n}", now=now), now=now)
             ids.append(record.id)
-    epoch = rt.admission.push("refund", ids, max_length=100).epoch
+    epoch = rt.pusher.push("refund", ids, max_length=100).epoch
     with rt.engine.begin() as conn:
         store.mark_enqueued(conn, ids, epoch=epoch, now=now)
-    assert sweep(rt, now=utcnow()).enqueued == {}  # all on the queue: nothing to do
+    assert rt.sweeper.sweep(now=utcnow()).enqueued == {}  # all on the queue: nothing to do
 
     rt.redis.flushall()  # the queue, and the epoch, are gone
-    result = sweep(rt, now=utcnow())
+    result = rt.sweeper.sweep(now=utcnow())
     assert result.recovered == {"refund": 4}
     assert sorted(queued_ids(rt.redis, "refund")) == sorted(ids)
     stored = {r.id: r for r in harness.records()}
-    new_epoch = rt.admission.epoch()
+    new_epoch = rt.pusher.epoch()
     assert new_epoch != epoch
     assert {stored[i].queue_epoch for i in ids} == {new_epoch}
-    assert sweep(rt, now=utcnow()).enqueued == {}
+    assert rt.sweeper.sweep(now=utcnow()).enqueued == {}
 
 
 def test_an_enqueued_record_older_than_the_stuck_threshold_is_pushed_again(harness):
@@ -156,8 +153,8 @@ def test_an_enqueued_record_older_than_the_stuck_threshold_is_pushed_again(harne
         record, _ = store.insert_record(
             conn, new_record("order", "S-1", now=long_ago), now=long_ago
         )
-        store.mark_enqueued(conn, [record.id], epoch=rt.admission.epoch(), now=long_ago)
-    result = sweep(rt, now=utcnow())
+        store.mark_enqueued(conn, [record.id], epoch=rt.pusher.epoch(), now=long_ago)
+    result = rt.sweeper.sweep(now=utcnow())
     assert result.stuck == {"order": 1}
     assert result.recovered == {}
     assert rt.redis.llen("order") == 1
@@ -180,7 +177,7 @@ def test_retention_deletes_old_done_records_only(harness):
         fresh, _ = store.insert_record(conn, new_record("order", "NEW", now=utcnow()), now=utcnow())
         store.mark_synced(conn, [fresh.id], now=utcnow())
         keep.append(fresh.id)
-    assert purge(rt, now=utcnow()) == 5
+    assert rt.retention.purge(now=utcnow()) == 5
     assert sorted(r.id for r in harness.records()) == sorted(keep)
 
 
@@ -197,7 +194,7 @@ def test_two_sweepers_at_once_push_each_record_once(harness):
 
     def run(runtime) -> None:
         barrier.wait(timeout=10)
-        sweep(runtime, now=utcnow())
+        runtime.sweeper.sweep(now=utcnow())
 
     threads = [threading.Thread(target=run, args=(r,)) for r in (rt, other)]
     for thread in threads:
@@ -299,13 +296,13 @@ def test_a_group_is_answered_once_committed_and_pushed_then_marked_enqueued(harn
         seen["journal"] = {r.id: r.status for r in harness.records()}
         seen["queued"] = queued_ids(rt.redis, "order")
 
-    accept_many(rt, news, clock=utcnow, on_admitted=answered)
+    rt.acceptor.accept_many(news, clock=utcnow, on_admitted=answered)
 
     assert seen["outcomes"] == [RecordStatus.ENQUEUED] * 3
     assert seen["journal"] == {new.id: RecordStatus.RECEIVED for new in news}
     assert seen["queued"] == [new.id for new in news]
     assert {r.status for r in harness.records()} == {RecordStatus.ENQUEUED}
-    assert run_record(rt, news[0].id, clock=utcnow, rng=random.Random(0)) is RecordStatus.DONE
+    assert rt.runner.run_record(news[0].id, clock=utcnow, rng=random.Random(0)) is RecordStatus.DONE
 
 
 def test_a_group_pushes_the_line_with_fewest_records_first(harness):
@@ -321,7 +318,7 @@ def test_a_group_pushes_the_line_with_fewest_records_first(harness):
     pushed: list[str] = []
     try:
         with watcher.monitor() as monitor:
-            accept_many(rt, news, clock=utcnow)
+            rt.acceptor.accept_many(news, clock=utcnow)
             while len(pushed) < 3:
                 command = monitor.next_command()["command"].split()
                 # EVALSHA sha numkeys queue epoch-key …; sent twice when the script is

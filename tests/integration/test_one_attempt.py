@@ -7,8 +7,8 @@ from __future__ import annotations
 import threading
 
 from app.clock import utcnow
-from app.delivery.push import Admission
-from app.recovery.replay import ReplayFilter, replay
+from app.delivery.push import Pusher
+from app.recovery.replay import ReplayFilter
 from tests.support.processes import wait_for
 from tests.support.runs import overlapping, runs_by_record, use_runs_log
 
@@ -30,8 +30,10 @@ def test_a_second_message_and_a_replay_never_start_a_second_run_of_a_record_in_f
 
     # A second message of a record in flight (a restore, a retried push), then a replay
     # with its default statuses while both records are in flight.
-    Admission(rt.redis).push("order", [first], max_length=100)
-    counts = replay(rt, ReplayFilter(line="order"), dry_run=False, actor="test", clock=utcnow)
+    Pusher(rt.redis).push("order", [first], max_length=100)
+    counts = rt.replayer.replay(
+        ReplayFilter(line="order"), dry_run=False, actor="test", clock=utcnow
+    )
 
     final = harness.wait_until_final(ids, timeout_s=60)
     assert {r.status.value for r in final.values()} == {"done"}

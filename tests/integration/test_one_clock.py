@@ -9,7 +9,6 @@ import pytest
 
 from app.clock import utcnow
 from app.journal.models import RecordStatus
-from app.recovery.sweeper import sweep
 from tests.support.journal import journal_records
 
 
@@ -27,7 +26,7 @@ def test_a_beat_whose_clock_runs_5_s_ahead_pushes_no_fresh_record(harness, datab
         status=RecordStatus.RECEIVED,
     )
     ahead = utcnow() + timedelta(seconds=5)  # this beat's clock
-    result = sweep(rt, now=ahead)
+    result = rt.sweeper.sweep(now=ahead)
     assert result.enqueued == {}
     assert rt.redis.llen("order") == 0
     assert {r.status for r in harness.records()} == {RecordStatus.RECEIVED}

@@ -128,7 +128,7 @@ def queue_directly(rt, line: str, count: int) -> None:
                     now=now,
                 )
                 ids.append(rid)
-        assert rt.admission.push(line, ids, max_length=100_000).pushed == len(ids)
+        assert rt.pusher.push(line, ids, max_length=100_000).pushed == len(ids)
 
 
 def post_orders_and_time(harness, client, prefix: str) -> float:

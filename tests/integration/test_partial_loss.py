@@ -11,7 +11,6 @@ from collections import Counter
 
 from app.clock import utcnow
 from app.journal.models import RecordStatus
-from app.recovery.lost_messages import recover_lost
 from tests.support.journal import journal_records
 from tests.support.messages import message_args, queued_ids
 from tests.support.processes import wait_for
@@ -40,16 +39,16 @@ def test_records_whose_message_was_removed_are_pushed_again_once(harness):
     ]
     rt = harness.runtime()
     assert sorted(queued_ids(rt.redis, "refund")) == sorted(ids)
-    assert recover_lost(rt, now=utcnow()) == {}  # all waiting: nothing is pushed
+    assert rt.lost.recover_lost(now=utcnow()) == {}  # all waiting: nothing is pushed
 
     removed = remove_messages(rt.redis, "refund", 5)
     time.sleep(0.6)  # past lost_after_seconds
-    assert recover_lost(rt, now=utcnow()) == {"refund": 5}
+    assert rt.lost.recover_lost(now=utcnow()) == {"refund": 5}
     assert Counter(queued_ids(rt.redis, "refund")) == Counter(ids)  # each once, again
-    assert recover_lost(rt, now=utcnow()) == {}
+    assert rt.lost.recover_lost(now=utcnow()) == {}
     stored = {r.id: r for r in harness.records()}
     assert {stored[i].status.value for i in removed} == {"enqueued"}
-    assert {stored[i].queue_epoch for i in ids} == {rt.admission.epoch()}
+    assert {stored[i].queue_epoch for i in ids} == {rt.pusher.epoch()}
 
 
 def test_a_record_claimed_for_a_push_that_never_happened_is_pushed_again(harness):
@@ -59,12 +58,12 @@ def test_a_record_claimed_for_a_push_that_never_happened_is_pushed_again(harness
     (record_id,) = journal_records(
         rt, [{"business_no": "K-1"}], line="order", status=RecordStatus.ENQUEUED
     )
-    assert recover_lost(rt, now=utcnow()) == {}  # too recent: its pusher may be at work
+    assert rt.lost.recover_lost(now=utcnow()) == {}  # too recent: its pusher may be at work
     time.sleep(0.6)
-    assert recover_lost(rt, now=utcnow()) == {"order": 1}
+    assert rt.lost.recover_lost(now=utcnow()) == {"order": 1}
     assert queued_ids(rt.redis, "order") == [record_id]
     (stored,) = harness.records()
-    assert stored.queue_epoch == rt.admission.epoch()
+    assert stored.queue_epoch == rt.pusher.epoch()
 
 
 def test_messages_removed_under_load_come_back_within_30_s_and_run_once(harness, tmp_path):

@@ -14,7 +14,7 @@ from sqlalchemy import insert
 from app.clock import utcnow
 from app.errors import ConfigError
 from app.journal.models import RecordStatus, order_status, orders
-from app.recovery.replay import ReplayFilter, replay
+from app.recovery.replay import ReplayFilter
 from app.settings import load_settings
 from tests.support.journal import journal_records
 from tests.support.messages import queued_ids
@@ -61,7 +61,9 @@ def test_replay_skips_order_rows_downstream_has_and_enqueues_the_rest(harness):
             ],
         )
 
-    counts = replay(rt, ReplayFilter(line="order"), dry_run=False, actor="test", clock=utcnow)
+    counts = rt.replayer.replay(
+        ReplayFilter(line="order"), dry_run=False, actor="test", clock=utcnow
+    )
 
     assert (counts.matched, counts.skipped_synced, counts.enqueued) == (4, 2, 2)
     assert set(queued_ids(rt.redis, "order")) == {other, absent}
@@ -108,7 +110,9 @@ def test_replay_skips_a_status_no_newer_than_the_stored_one(harness):
             ],
         )
 
-    counts = replay(rt, ReplayFilter(line="status"), dry_run=False, actor="test", clock=utcnow)
+    counts = rt.replayer.replay(
+        ReplayFilter(line="status"), dry_run=False, actor="test", clock=utcnow
+    )
 
     assert (counts.matched, counts.skipped_synced, counts.enqueued) == (2, 1, 1)
     assert queued_ids(rt.redis, "status") == [newer]
@@ -141,7 +145,9 @@ def test_replay_asks_downstream_per_record_id_so_a_second_record_of_a_business_n
             lines__refund__check_url=f"{downstream.url}/records/{{id}}?business_no={{business_no}}",
         )
         rt = harness.runtime()
-        counts = replay(rt, ReplayFilter(line="refund"), dry_run=False, actor="test", clock=utcnow)
+        counts = rt.replayer.replay(
+            ReplayFilter(line="refund"), dry_run=False, actor="test", clock=utcnow
+        )
     finally:
         downstream.stop()
 
@@ -177,13 +183,15 @@ def test_rejected_records_are_replayed_only_when_asked_for(harness):
         rt, [{"business_no": "O-R"}], line="order", status=RecordStatus.REJECTED
     )
 
-    counts = replay(rt, ReplayFilter(line="order"), dry_run=False, actor="test", clock=utcnow)
+    counts = rt.replayer.replay(
+        ReplayFilter(line="order"), dry_run=False, actor="test", clock=utcnow
+    )
     assert (counts.matched, counts.enqueued) == (0, 0)
     assert queued_ids(rt.redis, "order") == []
     assert [r.status for r in harness.records()] == [RecordStatus.REJECTED]
 
     asked = ReplayFilter(line="order", statuses=[RecordStatus.REJECTED])
-    counts = replay(rt, asked, dry_run=False, actor="test", clock=utcnow)
+    counts = rt.replayer.replay(asked, dry_run=False, actor="test", clock=utcnow)
     assert (counts.matched, counts.enqueued) == (1, 1)
     assert queued_ids(rt.redis, "order") == [rejected]
     assert [r.status for r in harness.records()] == [RecordStatus.ENQUEUED]
@@ -199,7 +207,9 @@ def test_two_replays_at_once_push_each_record_once(harness):
     def run(runtime) -> None:
         barrier.wait(timeout=10)
         results.append(
-            replay(runtime, ReplayFilter(line="refund"), dry_run=False, actor="t", clock=utcnow)
+            runtime.replayer.replay(
+                ReplayFilter(line="refund"), dry_run=False, actor="t", clock=utcnow
+            )
         )
 
     threads = [threading.Thread(target=run, args=(r,)) for r in (rt, other)]

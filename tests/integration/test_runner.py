@@ -10,13 +10,14 @@ import random
 from sqlalchemy import update
 
 from app.clock import utcnow
-from app.delivery.runner import run_record
 from app.journal.models import RecordStatus, records
 from tests.support.journal import journal_records
 
 
 def run(rt, record_id: str, line: str) -> RecordStatus | None:
-    return run_record(rt, record_id, clock=utcnow, rng=random.Random(0), line=rt.lines.get(line))
+    return rt.runner.run_record(
+        record_id, clock=utcnow, rng=random.Random(0), line=rt.lines.get(line)
+    )
 
 
 def test_a_record_the_sink_refuses_fails_with_one_attempt_and_leaves_no_row(harness):

@@ -15,7 +15,6 @@ from app.clock import utcnow
 from app.journal.models import RecordStatus
 from app.journal.models import schedules as schedules_table
 from app.schedules.cron import Misfire
-from app.schedules.fires import fire_due
 from app.schedules.store import add, set_enabled
 from tests.support.processes import REPO, wait_for
 
@@ -43,12 +42,12 @@ def test_beat_stopped_across_three_due_times_then_restarted(harness, policy, exp
             catchup_window_s=3600,
             now=START,
         )
-    assert fire_due(rt, now=START + timedelta(minutes=1, seconds=1)) == 1  # on time
+    assert rt.firer.fire_due(now=START + timedelta(minutes=1, seconds=1)) == 1  # on time
     # Beat is down from 10:01:01 to 10:04:30: 10:02, 10:03 and 10:04 are missed.
     restart = START + timedelta(minutes=4, seconds=30)
-    assert fire_due(rt, now=restart) == expected
-    assert fire_due(rt, now=restart) == 0  # restarted again: nothing more
-    assert fire_due(rt, now=restart + timedelta(seconds=10)) == 0
+    assert rt.firer.fire_due(now=restart) == expected
+    assert rt.firer.fire_due(now=restart) == 0  # restarted again: nothing more
+    assert rt.firer.fire_due(now=restart + timedelta(seconds=10)) == 0
     assert len(scheduled(harness, "nightly")) == 1 + expected
 
 
@@ -67,10 +66,10 @@ def test_the_same_fire_from_two_beats_is_stored_once(harness):
             now=START,
         )
     now = START + timedelta(minutes=1, seconds=1)
-    assert fire_due(rt, now=now) == 1
+    assert rt.firer.fire_due(now=now) == 1
     with rt.engine.begin() as conn:  # another beat that had not seen the fire yet
         conn.execute(update(schedules_table).values(last_fire_at=None))
-    assert fire_due(rt, now=now) == 0
+    assert rt.firer.fire_due(now=now) == 0
     assert len(scheduled(harness, "twice")) == 1
 
 
@@ -99,7 +98,7 @@ def test_a_fire_into_a_full_line_is_deferred_whatever_its_policy_and_runs_once_t
             catchup_window_s=3600,
             now=START,
         )
-    assert fire_due(rt, now=START + timedelta(minutes=1, seconds=1)) == 1
+    assert rt.firer.fire_due(now=START + timedelta(minutes=1, seconds=1)) == 1
     (fire,) = [r for r in harness.records() if r.source.value == "schedule"]
     assert fire.status is RecordStatus.DEFERRED
     with rt.engine.begin() as conn:  # the beat started below is to sweep, not to fire more

@@ -1,0 +1,100 @@
+"""The pipeline's decisions, as pure functions over values: what a full queue does to a
+record, which alerts a line's state calls for, when a maintenance job is due."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.delivery.accept import decide_overflow
+from app.journal.models import RecordStatus
+from app.journal.transitions import Event as Transition
+from app.observe.line_view import LineStatus
+from app.observe.monitor import check_line
+from app.observe.webhooks import Event
+from app.settings import Overflow
+from beat.maintenance import Job, Maintenance, due
+
+
+@pytest.mark.parametrize(
+    ("policy", "status", "transition"),
+    [
+        (Overflow.DEFER, RecordStatus.DEFERRED, Transition.DEFERRED),
+        (Overflow.REJECT, RecordStatus.REJECTED, Transition.REJECTED),
+        (Overflow.CALLER_RUNS, RecordStatus.RECEIVED, None),
+    ],
+)
+def test_a_full_queue_defers_rejects_or_leaves_the_record_to_its_caller(policy, status, transition):
+    decision = decide_overflow(policy)
+    assert (decision.status, decision.transition) == (status, transition)
+    assert decision.caller_runs is (policy is Overflow.CALLER_RUNS)
+
+
+def row(**overrides) -> LineStatus:
+    values = {
+        "line": "order",
+        "queue_depth": 0,
+        "max_queue_length": 10,
+        "overflow": "defer",
+        "live_workers": 1,
+        "counts": {},
+        "oldest_unfinished_age_s": None,
+    }
+    return LineStatus(**(values | overrides))
+
+
+def test_a_healthy_line_calls_for_no_alert():
+    assert check_line(row(counts={"done": 5}), backlog_after_s=60) == []
+
+
+def test_waiting_records_and_no_live_worker_call_for_no_consumer():
+    found = check_line(
+        row(counts={"enqueued": 3, "failed": 9}, queue_depth=3, live_workers=0),
+        backlog_after_s=60,
+    )
+    assert [f.event for f in found] == [Event.NO_CONSUMER]
+    assert found[0].details == {"waiting": 3, "queue_depth": 3}
+
+
+def test_only_failed_records_waiting_for_their_retry_call_for_nothing():
+    assert check_line(row(counts={"failed": 2}, live_workers=0), backlog_after_s=60) == []
+
+
+def test_unknown_liveness_is_not_called_dead():
+    assert check_line(row(counts={"received": 1}, live_workers=None), backlog_after_s=60) == []
+
+
+def test_an_old_unfinished_record_calls_for_backlog_past_the_threshold_only():
+    assert check_line(row(oldest_unfinished_age_s=60.0), backlog_after_s=60) == []
+    found = check_line(row(oldest_unfinished_age_s=61.04), backlog_after_s=60)
+    assert [(f.event, f.details) for f in found] == [
+        (Event.BACKLOG, {"oldest_unfinished_age_s": 61.0, "threshold_s": 60})
+    ]
+
+
+def test_a_job_is_due_one_interval_after_its_last_run():
+    assert not due(last_run_s=10.0, interval_s=5.0, now_s=14.9)
+    assert due(last_run_s=10.0, interval_s=5.0, now_s=15.0)
+
+
+def test_maintenance_runs_each_job_when_due_and_a_failing_job_stops_no_other():
+    clock_s = [0.0]
+    runs: list[str] = []
+
+    def broken() -> None:
+        runs.append("broken")
+        raise RuntimeError("a job's own failure")
+
+    maintenance = Maintenance(
+        [
+            Job(name="broken", interval_s=2, run=broken),
+            Job(name="sweep", interval_s=1, run=lambda: runs.append("sweep")),
+        ],
+        clock=lambda: clock_s[0],
+        start_s=0.0,
+    )
+    assert maintenance.run_due() == 1.0  # nothing is due at the start
+    clock_s[0] = 1.0
+    assert maintenance.run_due() == 1.0
+    clock_s[0] = 2.0
+    maintenance.run_due()
+    assert runs == ["sweep", "broken", "sweep"]
