@@ -1,4 +1,4 @@
-"""`create_celery(settings)`: the Celery app of the pipeline (DESIGN §6, §11).
+"""`create_celery(settings)`: the Celery app of the pipeline.
 
 `celery -A app.celery_app worker -Q order` works too: the module builds a default app from
 the environment the first time `app` (or `celery`) is read, never at import."""

@@ -1,4 +1,4 @@
-"""The `pipeline` command (DESIGN §9)."""
+"""The `pipeline` command."""
 
 from __future__ import annotations
 
@@ -190,7 +190,7 @@ def bench(
         bool, typer.Option("--no-wrk", help="The built-in load generator even if wrk is here.")
     ] = False,
 ) -> None:
-    """Measure the pipeline beside the references of DESIGN §12, in one run."""
+    """Measure the pipeline beside its references, in one run."""
     import tempfile  # noqa: PLC0415
 
     from app.bench.report import print_table  # noqa: PLC0415

@@ -21,7 +21,7 @@ TABLE_SINK_BATCH = 16
 
 @dataclass(frozen=True, kw_only=True)
 class Line:
-    """A business line, ready to use. Its Redis queue is named after it (DESIGN §8)."""
+    """A business line, ready to use. Its Redis queue is named after it."""
 
     name: str
     settings: LineSettings

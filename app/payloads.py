@@ -1,4 +1,4 @@
-"""Payload schemas of the built-in lines (DESIGN §3). A line names its schema by dotted path."""
+"""Payload schemas of the built-in lines. A line names its schema by dotted path."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from app.clock import as_utc
 
-# A business number is an identifier, not free text (DESIGN §3: 1 to 128 characters): no
+# A business number is an identifier, not free text (1 to 128 characters): no
 # control characters, and nothing that reads as a path (it goes into URLs and file names
 # downstream): no slash or backslash, and not "." or "..".
 BUSINESS_NO_PATTERN = r"^[^\x00-\x1f\x7f/\\]{1,128}$"

@@ -1,4 +1,4 @@
-"""Redis connection rules (DESIGN §11), shared by every client: ours, the lock's and the
+"""Redis connection rules, shared by every client: ours, the lock's and the
 broker's. A pooled connection idle past the health-check interval is replaced before use;
 TCP keepalive is on; connects and reads time out, and a timed-out command is retried on a
 fresh connection, so a connection a proxy or NAT dropped silently costs at most one

@@ -33,14 +33,14 @@ from app.errors import ConfigError
 ENV_PREFIX = "PIPELINE_"
 LINE_NAME = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
 # The worker's blocking fetch (BRPOP) returns within this, below the socket timeout, so a
-# connection a proxy dropped silently is noticed instead of blocking forever (DESIGN §11).
+# connection a proxy dropped silently is noticed instead of blocking forever.
 BRPOP_TIMEOUT_S = 1
-# The size limit of DESIGN §7: 1 MiB.
+# The intake's body size limit unless set: 1 MiB.
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024
 
 
 class Overflow(StrEnum):
-    """What admission does when a line's queue is full (DESIGN §5)."""
+    """What admission does when a line's queue is full."""
 
     DEFER = "defer"
     CALLER_RUNS = "caller_runs"
@@ -126,7 +126,7 @@ class Sink:
 
 
 class LineSettings(BaseModel):
-    """One business line's settings (DESIGN §3)."""
+    """One business line's settings."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -208,7 +208,7 @@ class LineSettings(BaseModel):
 
 
 class WebhookKind(StrEnum):
-    """The chat webhooks alerts can go to (DESIGN §11)."""
+    """The chat webhooks alerts can go to."""
 
     GENERIC = "generic"
     DINGTALK = "dingtalk"
@@ -236,7 +236,7 @@ _SINK_CHOICE = ("sink", "handler", "downstream_url")
 
 
 class Settings(BaseSettings):
-    """Everything the pipeline's processes read at start (DESIGN §8)."""
+    """Everything the pipeline's processes read at start."""
 
     model_config = SettingsConfigDict(
         env_prefix=ENV_PREFIX,
@@ -287,7 +287,7 @@ class Settings(BaseSettings):
     retention_days: float = Field(default=30, ge=0)
     retention_interval_seconds: float = Field(default=3600, gt=0)
     retention_batch_size: int = Field(default=1000, ge=1)
-    # Connection rules of every Redis client (DESIGN §11); 0 turns one off.
+    # Connection rules of every Redis client; 0 turns one off.
     redis_health_check_interval_seconds: float = Field(default=2, ge=0)
     redis_socket_timeout_seconds: float = Field(default=5, ge=0)
     redis_connect_timeout_seconds: float = Field(default=2, ge=0)
@@ -344,7 +344,7 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _brpop_below_socket_timeout(self) -> Settings:
-        # The worker's blocking fetch must return before the socket times out (DESIGN §11).
+        # The worker's blocking fetch must return before the socket times out.
         if 0 < self.redis_socket_timeout_seconds <= BRPOP_TIMEOUT_S:
             raise ValueError(
                 f"PIPELINE_REDIS_SOCKET_TIMEOUT_SECONDS must be above {BRPOP_TIMEOUT_S} s, "
@@ -362,7 +362,7 @@ class Settings(BaseSettings):
 
     @property
     def dev_mode(self) -> bool:
-        """No intake keys: unsigned requests, loopback only (DESIGN §7)."""
+        """No intake keys: unsigned requests, loopback only."""
         return not self.intake_keys
 
     @classmethod

@@ -1,4 +1,4 @@
-"""One active beat (DESIGN §10): a Redis lock with a short TTL, renewed every tick.
+"""One active beat: a Redis lock with a short TTL, renewed every tick.
 
 A standby tries on every tick for as long as it runs, and takes over within one TTL of the
 holder's death. A holder that cannot renew stops firing at once."""

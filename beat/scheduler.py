@@ -12,7 +12,7 @@ from celery.beat import Scheduler
 from app.clock import utcnow
 from app.errors import PipelineError
 from app.logs import get_logger
-from app.observe.webhooks import Event
+from app.observe.events import Event
 from app.runtime import Runtime
 from beat.lock import BeatLock
 from beat.maintenance import Job, Maintenance

@@ -2,7 +2,7 @@
 of a batch.
 
 Its message comes from `app.delivery.push` (or Celery's own publisher); the (first) record id
-is the task id. Retries are owned by the journal, not by countdown messages (DESIGN §6)."""
+is the task id. Retries are owned by the journal, not by countdown messages."""
 
 from __future__ import annotations
 

@@ -1,1 +1,1 @@
-"""`pipeline bench` (DESIGN §12): the pipeline's figures beside references, in one run."""
+"""`pipeline bench`: the pipeline's figures beside references, in one run."""

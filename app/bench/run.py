@@ -1,4 +1,4 @@
-"""`pipeline bench` (DESIGN §12): each scenario beside its reference, measured in one run.
+"""`pipeline bench`: each scenario beside its reference, measured in one run.
 
 It starts what it needs: its own Redis-compatible server on a free port (unless given
 one, whose database it flushes), a journal (a fresh SQLite file unless given a database,
@@ -64,7 +64,7 @@ BUSY_LOOP = "import os\nos.nice(19)\nwhile True:\n    pass"
 
 
 class Bench(BenchStack):
-    """The scenarios of one run (DESIGN §12)."""
+    """The scenarios of one run."""
 
     def intake(self) -> None:
         sizes = self.sizes

@@ -19,7 +19,7 @@ from app.journal.transitions import Event as TransitionEvent
 from app.lines import Line, LineRegistry
 from app.logs import get_logger
 from app.observe.alerts import Alerter
-from app.observe.webhooks import Event
+from app.observe.events import Event
 from app.settings import Overflow
 
 log = get_logger(__name__)

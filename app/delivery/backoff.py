@@ -1,4 +1,4 @@
-"""The retry policy (DESIGN §3): pure, no I/O."""
+"""The retry policy: pure, no I/O."""
 
 from __future__ import annotations
 

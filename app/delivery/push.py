@@ -1,4 +1,4 @@
-"""Bounded admission (DESIGN §5): the atomic check-and-push onto a line's Redis queue.
+"""Bounded admission: the atomic check-and-push onto a line's Redis queue.
 
 We write exactly the message Celery's Redis transport writes (task protocol 2, JSON), with
 one Lua script that checks the queue's length and pushes in the same step, so the bound
@@ -22,7 +22,7 @@ import redis
 from app.errors import BrokerUnavailable
 from app.redis_client import as_text
 
-# The one task every line's worker runs; its queue tells the line (DESIGN §8).
+# The one task every line's worker runs; its queue tells the line.
 TASK_NAME = "pipeline.process"
 
 # The epoch names one life of Redis's memory. It is created by the first push and lost with

@@ -21,8 +21,8 @@ from app.journal.models import Record, RecordStatus
 from app.lines import Line, LineRegistry
 from app.logs import get_logger
 from app.observe.alerts import Alerter
+from app.observe.events import Event
 from app.observe.telemetry import Counter, Telemetry
-from app.observe.webhooks import Event
 from app.settings import SinkKind
 
 log = get_logger(__name__)

@@ -1,1 +1,1 @@
-"""The HTTP intake (DESIGN §7)."""
+"""The HTTP intake."""

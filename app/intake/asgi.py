@@ -11,9 +11,9 @@ from app.intake.main import create_app
 from app.settings import load_settings
 
 # A full collection walks every object the process holds (FastAPI's, SQLAlchemy's): under
-# load it paused the intake for tens of milliseconds, most of its p99 (wrk, 16 connections:
-# p99 68-75 ms before, 17-23 ms after). What exists at start is frozen out of collections,
-# and the youngest generation is collected less often; cycles are still collected.
+# load it pauses the intake for tens of milliseconds. What exists at start is frozen out of
+# collections, and the youngest generation is collected less often; cycles are still
+# collected.
 GC_THRESHOLDS = (50_000, 50, 100)
 
 

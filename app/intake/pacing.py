@@ -1,4 +1,4 @@
-"""A line's intake rate (DESIGN §3, §5): the share of the shared intake one line may take.
+"""A line's intake rate: the share of the shared intake one line may take.
 
 Each line has its own queue, bound and workers, but every line's requests are read,
 verified and journaled by the same intake processes. A line with `intake_rate` set is

@@ -1,4 +1,4 @@
-"""The intake's endpoints (DESIGN §7)."""
+"""The intake's endpoints."""
 
 from __future__ import annotations
 
@@ -34,10 +34,10 @@ from app.intake.body import parse_payload, read_body
 from app.intake.errors import count_outcomes
 from app.intake.pacing import Pacer
 from app.intake.signing import Caller, verify
+from app.intake.views import line_status_view, record_view
 from app.journal import store
 from app.journal.models import RecordStatus, Source
 from app.journal.store import NewRecord, RecordFilter
-from app.observe.line_view import public
 from app.observe.metrics import CONTENT_TYPE, render
 from app.observe.telemetry import Counter, IntakeOutcome, recent_alerts
 from app.recovery.replay import DEFAULT_STATUSES, ReplayFilter
@@ -79,7 +79,7 @@ class ErrorDetail(BaseModel):
 
 
 class ErrorBody(BaseModel):
-    """Every error answer (DESIGN §7)."""
+    """Every error answer."""
 
     error: ErrorDetail
 
@@ -183,7 +183,7 @@ def readyz(rt: RuntimeDep) -> JSONResponse:
 def lines(rt: RuntimeDep) -> dict[str, Any]:
     """Per line: queue depth and bound, policy, live workers, counts, oldest unfinished age."""
     rows = rt.view.line_statuses(now=utcnow())
-    return {"lines": [public(row) for row in rows]}
+    return {"lines": [line_status_view(row) for row in rows]}
 
 
 @router.get("/v1/alerts", responses=errors_doc(*COMMON))
@@ -232,7 +232,7 @@ def get_record(
         record = store.get_record(conn, record_id)
     if record is None:
         raise RecordNotFound(f"no record {record_id!r}")
-    return record.public()
+    return record_view(record)
 
 
 @router.get("/v1/records", dependencies=[Depends(require_admin)], responses=errors_doc(*ADMIN))
@@ -260,7 +260,7 @@ def list_records(
         items = store.list_records(conn, where, limit=limit + 1, after=after)
     page = items[:limit]
     return {
-        "items": [record.public() for record in page],
+        "items": [record_view(record) for record in page],
         "next": page[-1].id if len(items) > limit else None,
     }
 
@@ -350,7 +350,7 @@ async def post_record(line: str, request: Request, rt: RuntimeDep) -> JSONRespon
     rt.telemetry.count(Counter.INTAKE, line=spec.name, outcome=outcome.value)
     if result.caller_runs:
         # The line's own limiter: a slow line under caller_runs cannot take the threads
-        # that other lines' requests need (DESIGN §3, isolation).
+        # that other lines' requests need (isolation of the lines).
         limiter = caller_run_limiter(request, spec.name, spec.settings.concurrency)
         try:
             ran = await anyio.to_thread.run_sync(

@@ -1,4 +1,4 @@
-"""Request signatures (DESIGN §7): hex HMAC-SHA256(secret, timestamp "\\n" nonce "\\n" body)."""
+"""Request signatures: hex HMAC-SHA256(secret, timestamp "\\n" nonce "\\n" body)."""
 
 from __future__ import annotations
 

@@ -1,1 +1,1 @@
-"""The journal: one row per accepted unit of work, written before it is enqueued (DESIGN §4)."""
+"""The journal: one row per accepted unit of work, written before it is enqueued."""

@@ -54,10 +54,9 @@ def make_engine(url: str, *, pool_size: int = 5) -> Engine:
     """Build the engine for `url`. Touches no database until first used.
 
     A pooled connection idle past `PING_AFTER_IDLE_S` is pinged before use, so one that a
-    proxy dropped while idle is replaced instead of failing the request (DESIGN §1,
-    incident 4). One in steady use is not pinged: its last statement has just worked, and
-    a ping cost every transaction a round trip (a third of the intake's group-commit
-    thread on PostgreSQL, py-spy). If such a connection died anyway (the server
+    proxy dropped while idle is replaced instead of failing the request. One in steady
+    use is not pinged: its last statement has just worked, and a ping would cost every
+    transaction a round trip. If such a connection died anyway (the server
     restarted), its transaction fails like any journal error (503 at the intake, the
     message requeued at a worker) and SQLAlchemy replaces the pool's connections.
 
@@ -65,8 +64,7 @@ def make_engine(url: str, *, pool_size: int = 5) -> Engine:
     checked out `REPLAN_AFTER_S` or more after it last did. psycopg prepares a statement
     a connection runs five times, and PostgreSQL may then keep one generic plan for it,
     made for the table as it was: made on a journal still nearly empty, that plan is a
-    sequential scan, and it stayed while the table grew (the intake's id-picked UPDATE took
-    2-7 ms a group on a fresh journal, auto_explain showed `Seq Scan on records`). The
+    sequential scan, and it stayed while the table grew. The
     statements stay prepared; their plans are made again for the table as it is now."""
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":

@@ -28,7 +28,7 @@ from app.clock import as_utc
 
 
 class RecordStatus(StrEnum):
-    """A record's place in its life (DESIGN §4)."""
+    """A record's place in its life."""
 
     RECEIVED = "received"
     ENQUEUED = "enqueued"
@@ -131,7 +131,7 @@ def _keyed_sink(name: str) -> Table:
     )
 
 
-# The built-in table sink (DESIGN §6): one row per business_no, upserted.
+# The built-in table sink: one row per business_no, upserted.
 orders = _keyed_sink("orders")
 refunds = _keyed_sink("refunds")
 order_status = Table(
@@ -156,7 +156,7 @@ sink_rows = Table(
 )
 
 
-# One row per replay: who asked, the filter, the counts (DESIGN §7; an audit trail).
+# One row per replay: who asked, the filter, the counts (an audit trail).
 replays = Table(
     "replays",
     metadata,
@@ -170,7 +170,7 @@ replays = Table(
 )
 
 
-# Cron schedules (DESIGN §10); beat reads them every tick, so changes need no restart.
+# Cron schedules; beat reads them every tick, so changes need no restart.
 schedules = Table(
     "schedules",
     metadata,
@@ -218,20 +218,3 @@ class Record:
         data["source"] = Source(data["source"])
         data["status"] = RecordStatus(data["status"])
         return cls(**data)
-
-    def public(self) -> dict[str, Any]:
-        """The record as the HTTP API shows it (DESIGN §7)."""
-        return {
-            "id": self.id,
-            "line": self.line,
-            "business_no": self.business_no,
-            "source": self.source.value,
-            "dedup_key": self.dedup_key,
-            "status": self.status.value,
-            "attempts": self.attempts,
-            "payload": self.payload,
-            "last_error": self.last_error,
-            "created_at": self.created_at.isoformat(),
-            "updated_at": self.updated_at.isoformat(),
-            "finished_at": self.finished_at.isoformat() if self.finished_at else None,
-        }

@@ -1,4 +1,4 @@
-"""Flower, Celery's dashboard, run over the pipeline's broker (DESIGN §2, §9)."""
+"""Flower, Celery's dashboard, run over the pipeline's broker."""
 
 from __future__ import annotations
 

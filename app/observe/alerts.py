@@ -1,4 +1,4 @@
-"""Raising alerts (DESIGN §11): one structured log line and a message to each webhook,
+"""Raising alerts: one structured log line and a message to each webhook,
 throttled per (event, line). Sending happens on a background thread from a bounded buffer:
 raising an alert never blocks, never raises, and a slow webhook costs the caller nothing."""
 
@@ -14,9 +14,10 @@ from typing import Any
 import httpx
 
 from app.logs import get_logger
+from app.observe.events import AlertEvent, Event
 from app.observe.telemetry import Counter, Telemetry
 from app.observe.throttle import Throttle
-from app.observe.webhooks import AlertEvent, Event, build_request
+from app.observe.webhooks import build_request
 from app.settings import Settings
 
 log = get_logger(__name__)

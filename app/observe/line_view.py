@@ -109,16 +109,3 @@ class LineView:
                 )
             )
         return rows
-
-
-def public(row: LineStatus) -> dict[str, object]:
-    """A line's status as `GET /v1/lines` shows it."""
-    return {
-        "line": row.line,
-        "queue_depth": row.queue_depth,
-        "max_queue_length": row.max_queue_length,
-        "overflow": row.overflow,
-        "live_workers": row.live_workers,
-        "counts": row.counts,
-        "oldest_unfinished_age_s": row.oldest_unfinished_age_s,
-    }

@@ -1,4 +1,4 @@
-"""The registry of live workers (DESIGN §11): each worker keeps a heartbeat key per line it
+"""The registry of live workers: each worker keeps a heartbeat key per line it
 consumes, with a TTL; a line's live workers are the keys that have not expired."""
 
 from __future__ import annotations

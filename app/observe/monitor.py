@@ -1,4 +1,4 @@
-"""The queue monitor (DESIGN §11), run by the active beat every ~15 s: raises `NO_CONSUMER`
+"""The queue monitor, run by the active beat every ~15 s: raises `NO_CONSUMER`
 when a line has waiting work and no live worker, `BACKLOG` when its oldest unfinished record
 is older than the threshold, and `BROKER_DOWN` / `JOURNAL_DOWN` when they do not answer."""
 
@@ -14,8 +14,8 @@ from app.errors import BrokerUnavailable, JournalUnavailable
 from app.journal.models import RecordStatus
 from app.logs import get_logger
 from app.observe.alerts import Alerter
+from app.observe.events import Event
 from app.observe.line_view import LineStatus, LineView
-from app.observe.webhooks import Event
 
 log = get_logger(__name__)
 

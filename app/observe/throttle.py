@@ -1,4 +1,4 @@
-"""Alert throttling (DESIGN §11): at most one message per key per window, carrying how many
+"""Alert throttling: at most one message per key per window, carrying how many
 events were folded into it. Pure: every call is handed the time."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Alert webhooks (DESIGN §11): the request each kind of chat webhook expects."""
+"""Alert webhooks: the request each kind of chat webhook expects."""
 
 from __future__ import annotations
 
@@ -8,53 +8,10 @@ import hmac
 import json
 import urllib.parse
 from dataclasses import dataclass
-from datetime import datetime
-from enum import StrEnum
 from typing import Any
 
+from app.observe.events import AlertEvent
 from app.settings import WebhookKind, WebhookSettings
-
-
-class Event(StrEnum):
-    """Alert events (DESIGN §11)."""
-
-    QUEUE_FULL = "QUEUE_FULL"
-    CALLER_RUNS = "CALLER_RUNS"
-    TASK_DEAD = "TASK_DEAD"
-    NO_CONSUMER = "NO_CONSUMER"
-    BACKLOG = "BACKLOG"
-    BROKER_DOWN = "BROKER_DOWN"
-    JOURNAL_DOWN = "JOURNAL_DOWN"
-    BEAT_TAKEOVER = "BEAT_TAKEOVER"
-    RECOVERED = "RECOVERED"
-    REPLAY_FINISHED = "REPLAY_FINISHED"
-
-
-@dataclass(frozen=True, kw_only=True)
-class AlertEvent:
-    """One alert as it is logged and sent; `count` is how many events it stands for."""
-
-    event: Event
-    line: str | None
-    time: datetime
-    count: int
-    message: str
-    details: dict[str, Any]
-
-    def body(self) -> dict[str, Any]:
-        return {
-            "event": self.event.value,
-            "line": self.line,
-            "time": self.time.isoformat(),
-            "count": self.count,
-            "message": self.message,
-            "details": self.details,
-        }
-
-    def text(self) -> str:
-        where = f" [{self.line}]" if self.line else ""
-        folded = f" (x{self.count})" if self.count > 1 else ""
-        return f"{self.event.value}{where}{folded}: {self.message}"
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -27,8 +27,8 @@ from app.journal.journal import Journal
 from app.lines import Line, LineRegistry
 from app.logs import get_logger
 from app.observe.alerts import Alerter
+from app.observe.events import Event
 from app.observe.telemetry import Counter, Telemetry
-from app.observe.webhooks import Event
 from app.recovery.sweeper import push_claimed
 
 log = get_logger(__name__)

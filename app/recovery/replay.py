@@ -1,4 +1,4 @@
-"""Replay (DESIGN §7, §9): put journal records back on their queues, by line, time range,
+"""Replay: put journal records back on their queues, by line, time range,
 business numbers and statuses, skipping those already `done` and those downstream already
 has. Streams through the journal in keyset pages (flat memory), respects each line's bound
 (what does not fit is `deferred` for the sweeper), and leaves an audit row.
@@ -32,7 +32,7 @@ from app.journal.transitions import Event as TransitionEvent
 from app.lines import Line, LineRegistry
 from app.logs import get_logger
 from app.observe.alerts import Alerter
-from app.observe.webhooks import Event
+from app.observe.events import Event
 from app.settings import CHECK_URL_ID, SinkKind
 
 log = get_logger(__name__)

@@ -1,4 +1,4 @@
-"""The sweeper (DESIGN §6): puts back on their queue the records that should be there.
+"""The sweeper: puts back on their queue the records that should be there.
 
 Run by the active beat, in its own process, every few seconds. Per line, and only as far
 as the line has room, it claims (`… → enqueued`) in one transaction the records that are
@@ -22,8 +22,8 @@ from app.journal.models import Record, RecordStatus
 from app.lines import Line, LineRegistry
 from app.logs import get_logger
 from app.observe.alerts import Alerter
+from app.observe.events import Event
 from app.observe.telemetry import Counter, Telemetry
-from app.observe.webhooks import Event
 
 log = get_logger(__name__)
 

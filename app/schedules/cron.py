@@ -1,4 +1,4 @@
-"""Cron arithmetic and misfire decisions (DESIGN §10): pure, handed `now`, no I/O.
+"""Cron arithmetic and misfire decisions: pure, handed `now`, no I/O.
 
 Expressions have five fields, or six where the sixth is seconds, as croniter reads them
 (`* * * * * */2` fires every 2 s). Fires are computed in the schedule's time zone, so a

@@ -1,4 +1,4 @@
-"""Cron schedules in the database (DESIGN §10): validation and storage. The caller owns the
+"""Cron schedules in the database: validation and storage. The caller owns the
 transaction. Beat reads them every tick; the CLI writes them."""
 
 from __future__ import annotations

@@ -114,7 +114,7 @@ class ChaosStack:
     # Load.
 
     def _post(self, client: httpx.Client, line: str, body: dict[str, object]) -> dict[str, str]:
-        """Post until answered 2xx; the same nonce on every try (DESIGN §7 dedup)."""
+        """Post until answered 2xx; the same nonce on every try (the dedup key)."""
         headers = {"x-nonce": uuid.uuid4().hex}
         deadline = time.monotonic() + 120
         while True:

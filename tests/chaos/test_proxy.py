@@ -1,4 +1,4 @@
-"""Incident 4 of DESIGN §1: a proxy between every component and Redis that drops (or
+"""A scheduler incident: a proxy between every component and Redis that drops (or
 closes) idle connections. A 6-field schedule fires every 2 s for 40 s; every fire must
 have exactly one record, and every record must end done."""
 

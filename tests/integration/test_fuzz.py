@@ -1,6 +1,6 @@
 """Fuzzing the intake with schemathesis, from its own OpenAPI document: every endpoint, each
 request signed (the intake runs with keys) and carrying the admin token. No answer may be
-a 500, every error must be the JSON body of DESIGN §7, every answer must match the
+a 500, every error must be the JSON error body, every answer must match the
 document. The outcomes by status code are printed at the end."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """A connection that a proxy dropped without a word, while it idled, is replaced before the
-next command: no command waits out the socket timeout on it (DESIGN §11). The socket
+next command: no command waits out the socket timeout on it. The socket
 timeout here is 60 s, so a client that pinged the dead connection first would not answer
 within the test's bound."""
 

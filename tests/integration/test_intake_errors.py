@@ -1,4 +1,4 @@
-"""Bad input gets its status code and the JSON error of DESIGN §7, and leaves no record."""
+"""Bad input gets its status code and the JSON error answer, and leaves no record."""
 
 from __future__ import annotations
 

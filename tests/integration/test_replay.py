@@ -1,4 +1,4 @@
-"""Replay skips what downstream already has (DESIGN §7): a table row written by the
+"""Replay skips what downstream already has: a table row written by the
 record itself, or one holding the same payload; a status no newer than the one stored.
 The rest goes back on its queue."""
 

@@ -8,9 +8,9 @@ import pytest
 from app.delivery.accept import decide_overflow
 from app.journal.models import RecordStatus
 from app.journal.transitions import Event as Transition
+from app.observe.events import Event
 from app.observe.line_view import LineStatus
 from app.observe.monitor import check_line
-from app.observe.webhooks import Event
 from app.settings import Overflow
 from beat.maintenance import Job, Maintenance, due
 
