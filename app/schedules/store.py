@@ -109,7 +109,7 @@ def validate(
     return normalised, payload, policy
 
 
-def add(
+def add(  # noqa: PLR0913 - one keyword-only value per column of a schedule
     conn: Connection,
     *,
     name: str,
