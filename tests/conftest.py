@@ -26,8 +26,9 @@ PG_ADMIN_URL = os.environ.get("PIPELINE_TEST_DATABASE_URL", "")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """On PostgreSQL, skip (with the reason printed) what does not touch the journal's
-    database: it has run in the SQLite pass."""
+    """On PostgreSQL, run what is marked `journal` (it exercises the journal's database:
+    its statements, transactions and failures) and skip the rest, with the reason printed:
+    it has run in the SQLite pass, through the same journal code."""
     if not PG_ADMIN_URL:
         return
     once = pytest.mark.skip(
@@ -35,7 +36,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         "journal's database"
     )
     for item in items:
-        if item.get_closest_marker("journal_independent"):
+        if item.get_closest_marker("journal_independent") or not item.get_closest_marker(
+            "journal"
+        ):
             item.add_marker(once)
 
 

@@ -93,6 +93,7 @@ def postgres_restart_command() -> list[str] | None:
     return ["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", "restart"]
 
 
+@pytest.mark.journal
 def test_database_restarted_mid_load(chaos):
     if chaos.harness.env["PIPELINE_DATABASE_URL"].startswith("sqlite"):
         pytest.skip(

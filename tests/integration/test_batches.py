@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from app.clock import utcnow
 from app.journal.models import RecordStatus
 from app.lines import TABLE_SINK_BATCH
@@ -13,6 +15,9 @@ from tests.integration.test_overload import BOUND, POSTS_EACH, PRODUCERS, DepthS
 from tests.support.journal import journal_records
 from tests.support.messages import message_args
 from tests.support.processes import wait_for
+
+# Runs on every journal database (SQLite and PostgreSQL).
+pytestmark = pytest.mark.journal
 
 
 def journal_enqueued(rt, payloads: list[dict], *, line: str = "order") -> list[str]:

@@ -5,7 +5,12 @@ from __future__ import annotations
 import random
 from datetime import UTC, datetime, timedelta
 
+import pytest
+
 from tests.support.recorder import Recorder, StillProcessing
+
+# Runs on every journal database (SQLite and PostgreSQL).
+pytestmark = pytest.mark.journal
 
 
 def test_records_posted_across_lines_all_end_done_once_per_business_no(harness):

@@ -17,6 +17,9 @@ from app.errors import ConfigError
 from app.journal.engine import make_engine
 from tests.support.processes import REPO
 
+# Runs on every journal database (SQLite and PostgreSQL).
+pytestmark = pytest.mark.journal
+
 PIPELINE = str(Path(sys.executable).with_name("pipeline"))
 # `PRAGMA synchronous` answers with a number: 2 is FULL.
 SQLITE_FULL = 2

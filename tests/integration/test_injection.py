@@ -16,6 +16,9 @@ import pytest
 from tests.support.harness import signed_headers
 from tests.support.processes import REPO
 
+# Runs on every journal database (SQLite and PostgreSQL).
+pytestmark = pytest.mark.journal
+
 KEY_ID, SECRET, ADMIN = "shop-1", "s3cret", "admin-token"
 PIPELINE = str(Path(sys.executable).with_name("pipeline"))
 INJECTIONS = [

@@ -139,6 +139,7 @@ def test_unauthenticated_request_gets_401_and_no_record(harness, signed, tamper)
     assert harness.record_count() == 0
 
 
+@pytest.mark.journal
 def test_replayed_nonce_returns_the_original_record_and_creates_nothing(harness, signed):
     body = b'{"business_no": "A-1"}'
     first = post(signed, "order", body, nonce="nonce-1")
@@ -168,6 +169,7 @@ def test_admin_endpoints_need_the_admin_token(harness, signed):
     assert_error(signed.get("/v1/records/01NOSUCHRECORD", headers=good), 404, "record_not_found")
 
 
+@pytest.mark.journal
 def test_records_list_filters_and_walks_pages_by_cursor(harness, signed):
     good = {"authorization": f"Bearer {ADMIN}"}
     ids = [
@@ -201,6 +203,7 @@ def test_unknown_path_and_method_get_json_errors(signed):
     assert_error(signed.delete("/v1/order"), 405, "method_not_allowed")
 
 
+@pytest.mark.journal
 def test_a_rejected_request_sent_again_with_its_nonce_is_admitted_once_there_is_room(harness):
     harness.configure(
         intake_keys=json.dumps({KEY_ID: SECRET}),

@@ -29,6 +29,9 @@ from app.journal.transitions import Event as TransitionEvent
 from tests.support.journal import force_status
 from tests.support.messages import queued_ids
 
+# Runs on every journal database (SQLite and PostgreSQL).
+pytestmark = pytest.mark.journal
+
 
 def new_record(line: str, business_no: str, *, now: datetime) -> NewRecord:
     record_id = new_id(now)

@@ -11,6 +11,9 @@ from sqlalchemy.engine import make_url
 from tests.support.processes import wait_for
 from tests.support.proxy import IdleProxy
 
+# Runs on every journal database (SQLite and PostgreSQL).
+pytestmark = pytest.mark.journal
+
 
 def test_a_blackholed_journal_gets_503_not_a_hang_and_the_intake_recovers(harness, database_url):
     if not database_url.startswith("postgresql"):

@@ -6,11 +6,16 @@ from __future__ import annotations
 
 import threading
 
+import pytest
+
 from app.clock import utcnow
 from app.delivery.push import Pusher
 from app.recovery.replay import ReplayFilter
 from tests.support.processes import wait_for
 from tests.support.runs import overlapping, runs_by_record, use_runs_log
+
+# Runs on every journal database (SQLite and PostgreSQL).
+pytestmark = pytest.mark.journal
 
 
 def test_a_second_message_and_a_replay_never_start_a_second_run_of_a_record_in_flight(

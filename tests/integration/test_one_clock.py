@@ -11,6 +11,9 @@ from app.clock import utcnow
 from app.journal.models import RecordStatus
 from tests.support.journal import journal_records
 
+# Runs on every journal database (SQLite and PostgreSQL).
+pytestmark = pytest.mark.journal
+
 
 def test_a_beat_whose_clock_runs_5_s_ahead_pushes_no_fresh_record(harness, database_url):
     if not database_url.startswith("postgresql"):

@@ -12,6 +12,9 @@ from app.journal import engine as journal_engine
 from app.local.embedded_redis import RedisServer
 from tests.support.processes import free_port
 
+# Runs on every journal database (SQLite and PostgreSQL).
+pytestmark = pytest.mark.journal
+
 
 def test_posts_while_redis_is_down_stay_received_and_the_sweeper_delivers_them(harness, tmp_path):
     server = RedisServer(port=free_port(), workdir=tmp_path / "redis")

@@ -58,6 +58,7 @@ def flood(base_url: str, line: str) -> list[httpx.Response]:
         return [r for batch in pool.map(produce, range(PRODUCERS)) for r in batch]
 
 
+@pytest.mark.journal
 @pytest.mark.parametrize("policy", ["defer", "reject", "caller_runs"])
 def test_bound_holds_under_32_concurrent_producers(harness, policy):
     # One record to a message: the bound is then a count of records (test_batches has the

@@ -9,12 +9,17 @@ import threading
 import time
 from collections import Counter
 
+import pytest
+
 from app.clock import utcnow
 from app.journal.models import RecordStatus
 from tests.support.journal import journal_records
 from tests.support.messages import message_args, queued_ids
 from tests.support.processes import wait_for
 from tests.support.runs import overlapping, runs_by_record, use_runs_log
+
+# Runs on every journal database (SQLite and PostgreSQL).
+pytestmark = pytest.mark.journal
 
 
 def remove_messages(client, queue: str, count: int) -> list[str]:

@@ -20,6 +20,9 @@ from tests.support.journal import journal_records
 from tests.support.messages import queued_ids
 from tests.support.recorder import KnownIds
 
+# Runs on every journal database (SQLite and PostgreSQL).
+pytestmark = pytest.mark.journal
+
 
 def journal_dead(rt, line: str, payloads: list[dict]) -> list[str]:
     return journal_records(rt, payloads, line=line, status=RecordStatus.DEAD)

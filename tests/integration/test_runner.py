@@ -7,11 +7,15 @@ from __future__ import annotations
 
 import random
 
+import pytest
 from sqlalchemy import update
 
 from app.clock import utcnow
 from app.journal.models import RecordStatus, records
 from tests.support.journal import journal_records
+
+# Runs on every journal database (SQLite and PostgreSQL).
+pytestmark = pytest.mark.journal
 
 
 def run(rt, record_id: str, line: str) -> RecordStatus | None:

@@ -18,6 +18,9 @@ from app.schedules.cron import Misfire
 from app.schedules.store import add, set_enabled
 from tests.support.processes import REPO, wait_for
 
+# Runs on every journal database (SQLite and PostgreSQL).
+pytestmark = pytest.mark.journal
+
 START = datetime(2026, 5, 1, 10, 0, 0, tzinfo=UTC)
 
 
