@@ -36,9 +36,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         "journal's database"
     )
     for item in items:
-        if item.get_closest_marker("journal_independent") or not item.get_closest_marker(
-            "journal"
-        ):
+        if item.get_closest_marker("journal_independent") or not item.get_closest_marker("journal"):
             item.add_marker(once)
 
 

@@ -1,11 +1,12 @@
-"""The journal's SQL, but an attempt's (`app.journal.attempts`). Every function takes a
+"""The journal's SQL for records: inserts, reads, moves, retention and the replay audit
+(an attempt's is in `app.journal.attempts`, a push's claims in `app.journal.claims`). Every
+function takes a
 connection (from `Journal.transaction()` or `Journal.reading()`) and never commits: the
 caller owns the transaction. Every move of a status is guarded in SQL by its rule in
 `app.journal.transitions`, so a late or duplicate delivery cannot move a finished record."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -15,13 +16,11 @@ from sqlalchemy import (
     ColumnElement,
     Connection,
     String,
-    and_,
     any_,
     bindparam,
     delete,
     func,
     insert,
-    or_,
     select,
     update,
 )
@@ -30,10 +29,9 @@ from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.functions import FunctionElement
 
-from app.journal.dbclock import db_time, db_time_at
 from app.journal.guards import guard
 from app.journal.models import UNFINISHED, Record, RecordStatus, Source, records, replays
-from app.journal.transitions import TRANSITIONS, Event, sources
+from app.journal.transitions import TRANSITIONS, Event
 
 
 class _Unindexed(FunctionElement[str]):
@@ -257,10 +255,10 @@ def move(conn: Connection, record_ids: Iterable[str], event: Event, *, now: date
     if to is None:
         raise ValueError(f"{event.value} does not name the status it moves to")
     values = {"status": to.value, "updated_at": now}
-    return _update_by_id(conn, record_ids, event, values, now=now)
+    return update_by_id(conn, record_ids, event, values, now=now)
 
 
-def _update_by_id(
+def update_by_id(
     conn: Connection,
     record_ids: Iterable[str],
     event: Event,
@@ -290,7 +288,7 @@ def mark_synced(conn: Connection, record_ids: Sequence[str], *, now: datetime) -
         "next_attempt_at": None,
         "last_error": None,
     }
-    return _update_by_id(conn, record_ids, Event.SYNCED, values, now=now)
+    return update_by_id(conn, record_ids, Event.SYNCED, values, now=now)
 
 
 def mark_enqueued(conn: Connection, record_ids: Sequence[str], *, epoch: str, now: datetime) -> int:
@@ -300,182 +298,7 @@ def mark_enqueued(conn: Connection, record_ids: Sequence[str], *, epoch: str, no
         "queue_epoch": epoch,
         "updated_at": now,
     }
-    return _update_by_id(conn, record_ids, Event.PUSHED, values, now=now)
-
-
-def set_epoch(
-    conn: Connection, record_ids: Sequence[str], *, epoch: str, replace: bool = False
-) -> int:
-    """Record the epoch of claimed records once their push happened (`replace`: also over
-    the epoch they were claimed in)."""
-    if not record_ids:
-        return 0
-    guard = [among(conn, records.c.id, record_ids), unindexed_status == RecordStatus.ENQUEUED.value]
-    if not replace:
-        guard.append(records.c.queue_epoch.is_(None))
-    result = conn.execute(update(records).where(*guard).values(queue_epoch=epoch))
-    return result.rowcount
-
-
-def claim_due(
-    conn: Connection,
-    *,
-    line: str,
-    now: datetime,
-    received_grace_s: float,
-    stuck_after_s: float,
-    epoch: str,
-    limit: int,
-) -> list[Record]:
-    """Claim, oldest first, the records of `line` that should be put on its queue, none of
-    them in flight (a live lease): `received` ones unchanged for the grace period,
-    `deferred` ones, `failed` ones whose retry is due, `enqueued` ones that can no longer
-    be on the queue (pushed in another epoch, or unchanged past the stuck threshold), and
-    runnable ones whose attempt's lease expired without an outcome (its worker died, or
-    its outcome could not be written). They become `enqueued` with no epoch until pushed.
-    Times are compared on the database's clock (`app.journal.dbclock`).
-
-    Returns those claimed, as they were before. Safe with concurrent sweepers: the rows
-    are locked (`FOR UPDATE SKIP LOCKED` on PostgreSQL; SQLite serialises writers) and
-    every update is guarded by the status it was read in."""
-    lease_expired = and_(
-        records.c.lease_expires_at.is_not(None),
-        records.c.lease_expires_at <= db_time(now),
-        records.c.status.in_(sources(Event.ATTEMPT)),
-    )
-    due = or_(
-        and_(
-            records.c.status == RecordStatus.RECEIVED.value,
-            records.c.updated_at < db_time_at(now, -received_grace_s),
-        ),
-        records.c.status == RecordStatus.DEFERRED.value,
-        and_(
-            records.c.status == RecordStatus.FAILED.value,
-            records.c.next_attempt_at <= db_time(now),
-        ),
-        and_(
-            records.c.status == RecordStatus.ENQUEUED.value,
-            # No epoch: a sweeper is pushing it now (or died doing so: the lost-message
-            # check takes it).
-            or_(
-                records.c.queue_epoch != epoch,
-                records.c.updated_at < db_time_at(now, -stuck_after_s),
-            ),
-        ),
-        lease_expired,
-    )
-    query = (
-        select(records)
-        .where(records.c.line == line, due, *guard(Event.SWEPT, now=now))
-        .order_by(records.c.id)
-        .limit(limit)
-    )
-    if conn.dialect.name == "postgresql":
-        query = query.with_for_update(skip_locked=True)
-    found = [Record.from_row(row) for row in conn.execute(query)]
-    claimed = set(claim_as_enqueued(conn, found, Event.SWEPT, now=now))
-    return [record for record in found if record.id in claimed]
-
-
-def _unrun_since(epoch: str, *, now: datetime, quiet_s: float) -> list[ColumnElement[bool]]:
-    """An `enqueued` record pushed in `epoch` (or claimed for a push with no epoch yet: a
-    push takes milliseconds, so one that has waited `quiet_s` lost its pusher), unchanged
-    for `quiet_s`, whose message no attempt has taken since (no lease, live or expired):
-    its message should be waiting."""
-    return [
-        records.c.status == RecordStatus.ENQUEUED.value,
-        or_(records.c.queue_epoch == epoch, records.c.queue_epoch.is_(None)),
-        records.c.lease_expires_at.is_(None),
-        records.c.updated_at < db_time_at(now, -quiet_s),
-    ]
-
-
-def waiting_suspects(
-    conn: Connection, *, line: str, epoch: str, now: datetime, quiet_s: float, limit: int
-) -> list[str]:
-    """Ids, oldest first, of `line`'s records whose message should be on its queue and has
-    been for `quiet_s` (`_unrun_since`): those whose message a partial loss of Redis may
-    have taken. Empty when nothing has waited that long (no queue needs reading)."""
-    query = (
-        select(records.c.id)
-        .where(records.c.line == line, *_unrun_since(epoch, now=now, quiet_s=quiet_s))
-        .order_by(records.c.id)
-        .limit(limit)
-    )
-    return list(conn.execute(query).scalars())
-
-
-def claim_lost(
-    conn: Connection, record_ids: Sequence[str], *, epoch: str, now: datetime, quiet_s: float
-) -> list[Record]:
-    """Claim, to push them again, the records of `record_ids` whose message is gone from
-    Redis (the caller looked), if they are still as `waiting_suspects` found them: no
-    attempt took them meanwhile. They keep `enqueued`, with no epoch until pushed.
-    Returns them with `epoch`, the one they are missing from (`put_back` leaves them
-    there if the push fails, for the next check)."""
-    if not record_ids:
-        return []
-    terms = [among(conn, records.c.id, record_ids), *_unrun_since(epoch, now=now, quiet_s=quiet_s)]
-    found = [
-        Record.from_row(row)
-        for row in conn.execute(
-            update(records)
-            .where(*terms)
-            .values(queue_epoch=None, updated_at=now)
-            .returning(*records.c)
-        )
-    ]
-    return [dataclasses.replace(r, queue_epoch=epoch) for r in found]
-
-
-def claim_as_enqueued(
-    conn: Connection,
-    found: Sequence[Record | RecordKey],
-    event: Event,
-    *,
-    now: datetime,
-    fresh_attempts: bool = False,
-    epoch: str | None = None,
-    not_in_epoch: str | None = None,
-) -> list[str]:
-    """`… → enqueued` by `event` (`SWEPT`, `REPLAYED`), each record guarded by the status
-    it was read in and by its lease (none live), with no epoch until pushed, or with the
-    `epoch` the caller is about to push them in (a record claimed but never pushed, its
-    claimer killed, is found by the lost-message check either way). An expired lease is
-    cleared.
-
-    `not_in_epoch`: an `enqueued` record is claimed only if it was pushed in another
-    epoch (in this one its message is on its queue or held by a worker: it is in flight).
-    `fresh_attempts` (replay) starts the count of attempts again.
-
-    Returns the ids claimed: only those may be pushed."""
-    by_status: dict[RecordStatus, list[str]] = {}
-    for record in found:
-        by_status.setdefault(record.status, []).append(record.id)
-    values: dict[str, Any] = {
-        "status": RecordStatus.ENQUEUED.value,
-        "queue_epoch": epoch,
-        "updated_at": now,
-    }
-    if fresh_attempts:
-        values |= {"attempts": 0, "next_attempt_at": None, "finished_at": None}
-    # Only a runnable record can hold a lease (an outcome clears it): the others' lease
-    # columns, and their index, are left as they are.
-    cleared = values | {"lease_owner": None, "lease_expires_at": None}
-    runnable = frozenset(sources(Event.ATTEMPT))
-    claimed: list[str] = []
-    for status, ids in by_status.items():
-        terms = guard(event, status=unindexed_status, among=frozenset({status}), now=now)
-        if status is RecordStatus.ENQUEUED and not_in_epoch is not None:
-            terms.append(records.c.queue_epoch != not_in_epoch)
-        rows = conn.execute(
-            update(records)
-            .where(among(conn, records.c.id, ids), *terms)
-            .values(**(cleared if status.value in runnable else values))
-            .returning(records.c.id)
-        )
-        claimed.extend(row.id for row in rows)
-    return claimed
+    return update_by_id(conn, record_ids, Event.PUSHED, values, now=now)
 
 
 def start_replay(
@@ -501,31 +324,6 @@ def finish_replay(
     conn.execute(
         update(replays).where(replays.c.id == replay_id).values(counts=counts, finished_at=now)
     )
-
-
-def put_back(conn: Connection, claimed: Sequence[Record], *, now: datetime) -> None:
-    """Return claimed records that were not pushed to the status, epoch and lease they had
-    (the undo of `claim_as_enqueued`, for a push that did not happen)."""
-    groups: dict[tuple[RecordStatus, str | None, str | None, datetime | None], list[str]] = {}
-    for record in claimed:
-        key = (record.status, record.queue_epoch, record.lease_owner, record.lease_expires_at)
-        groups.setdefault(key, []).append(record.id)
-    for (status, epoch, owner, expires), ids in groups.items():
-        conn.execute(
-            update(records)
-            .where(
-                among(conn, records.c.id, ids),
-                unindexed_status == RecordStatus.ENQUEUED.value,
-                records.c.queue_epoch.is_(None),
-            )
-            .values(
-                status=status.value,
-                queue_epoch=epoch,
-                lease_owner=owner,
-                lease_expires_at=expires,
-                updated_at=now,
-            )
-        )
 
 
 def delete_done_before(conn: Connection, *, before: datetime, limit: int) -> int:

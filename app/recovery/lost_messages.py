@@ -22,7 +22,7 @@ from datetime import datetime
 
 from app.delivery.push import Pusher
 from app.errors import BrokerUnavailable
-from app.journal import store
+from app.journal import claims
 from app.journal.journal import Journal
 from app.lines import Line, LineRegistry
 from app.logs import get_logger
@@ -77,7 +77,7 @@ class LostMessages:
     def _recover_line(self, line: Line, *, epoch: str, now: datetime) -> int:
         quiet_s = self.quiet_s
         with self.journal.reading() as conn:
-            suspects = store.waiting_suspects(
+            suspects = claims.waiting_suspects(
                 conn, line=line.name, epoch=epoch, now=now, quiet_s=quiet_s, limit=MAX_SUSPECTS
             )
         if not suspects:
@@ -87,7 +87,7 @@ class LostMessages:
         if not missing:
             return 0
         with self.journal.transaction() as conn:
-            claimed = store.claim_lost(conn, missing, epoch=epoch, now=now, quiet_s=quiet_s)
+            claimed = claims.claim_lost(conn, missing, epoch=epoch, now=now, quiet_s=quiet_s)
         if not claimed:
             return 0
         pushed = push_claimed(self.journal, self.pusher, line, claimed, now=now)

@@ -24,7 +24,7 @@ from app.delivery.sinks import (
     stored_rows,
 )
 from app.ids import new_id
-from app.journal import store
+from app.journal import claims, store
 from app.journal.journal import Journal
 from app.journal.models import UNFINISHED, RecordStatus
 from app.journal.store import RecordFilter, RecordKey
@@ -191,7 +191,7 @@ class Replayer:
             with self.journal.transaction() as conn:
                 store.mark_synced(conn, sorted(synced), now=now)
                 claimed = set(
-                    store.claim_as_enqueued(
+                    claims.claim_as_enqueued(
                         conn,
                         todo,
                         TransitionEvent.REPLAYED,
@@ -214,7 +214,7 @@ class Replayer:
             if left or outcome.epoch != epoch:
                 with self.journal.transaction() as conn:
                     if outcome.epoch != epoch:
-                        store.set_epoch(conn, pushed, epoch=outcome.epoch, replace=True)
+                        claims.set_epoch(conn, pushed, epoch=outcome.epoch, replace=True)
                     store.move(conn, left, TransitionEvent.NOT_PUSHED, now=now)
             counts.enqueued += len(pushed)
             counts.deferred += len(left)

@@ -16,7 +16,7 @@ from datetime import datetime
 
 from app.delivery.push import Pusher
 from app.errors import BrokerUnavailable
-from app.journal import store
+from app.journal import claims
 from app.journal.journal import Journal
 from app.journal.models import Record, RecordStatus
 from app.lines import Line, LineRegistry
@@ -95,7 +95,7 @@ class Sweeper:
             if limit <= 0:
                 return
             with self.journal.transaction() as conn:
-                claimed = store.claim_due(
+                claimed = claims.claim_due(
                     conn,
                     line=line.name,
                     now=now,
@@ -127,12 +127,12 @@ def push_claimed(
         )
     except BrokerUnavailable:
         with journal.transaction() as conn:
-            store.put_back(conn, claimed, now=now)
+            claims.put_back(conn, claimed, now=now)
         raise
     pushed, left = claimed[: outcome.pushed], claimed[outcome.pushed :]
     with journal.transaction() as conn:
-        store.set_epoch(conn, [r.id for r in pushed], epoch=outcome.epoch)
-        store.put_back(conn, left, now=now)
+        claims.set_epoch(conn, [r.id for r in pushed], epoch=outcome.epoch)
+        claims.put_back(conn, left, now=now)
     return pushed
 
 
