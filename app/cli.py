@@ -15,11 +15,12 @@ from rich.console import Console
 from rich.table import Table
 from sqlalchemy.exc import SQLAlchemyError
 
+from app.cli_schedules import schedules_cli, settings_for_command
 from app.clock import as_utc
 from app.errors import ConfigError, PipelineError
 from app.journal.models import RecordStatus
 from app.logs import configure_logging
-from app.settings import Settings, load_settings
+from app.settings import Settings
 
 cli = typer.Typer(
     help="A durable task pipeline: journaled intake, bounded per-line queues, Celery workers.",
@@ -29,14 +30,11 @@ cli = typer.Typer(
 )
 db_cli = typer.Typer(help="The journal's schema.", no_args_is_help=True)
 cli.add_typer(db_cli, name="db")
-schedules_cli = typer.Typer(help="Cron schedules, fired by beat.", no_args_is_help=True)
 cli.add_typer(schedules_cli, name="schedules")
 
 
 def _settings() -> Settings:
-    settings = load_settings()
-    configure_logging(json=settings.log_json, level=settings.log_level)
-    return settings
+    return settings_for_command()
 
 
 @cli.command()
@@ -316,119 +314,6 @@ def replay(
     Console().print(table)
     if dry_run:
         print("dry run: nothing was changed")
-
-
-@schedules_cli.command("list")
-def schedules_list() -> None:
-    """Show every schedule."""
-    from app.journal.engine import make_engine  # noqa: PLC0415
-    from app.schedules import store as schedules  # noqa: PLC0415
-
-    engine = make_engine(_settings().database_url)
-    try:
-        with engine.connect() as conn:
-            rows = schedules.list_all(conn)
-    finally:
-        engine.dispose()
-    table = Table("name", "cron", "timezone", "line", "enabled", "misfire", "last fire", "next")
-    for row in rows:
-        table.add_row(
-            row.name,
-            row.cron,
-            row.timezone,
-            row.line,
-            "yes" if row.enabled else "no",
-            row.misfire.value,
-            row.last_fire_at.isoformat() if row.last_fire_at else "-",
-            row.next_fire_at.isoformat() if row.next_fire_at else "-",
-        )
-    Console().print(table)
-
-
-@schedules_cli.command("add")
-def schedules_add(
-    name: Annotated[str, typer.Argument(help="A unique name.")],
-    cron: Annotated[str, typer.Option(help="5 fields, or 6 with seconds last.")],
-    line: Annotated[str, typer.Option(help="The line each fire goes to.")],
-    payload: Annotated[str, typer.Option(help="JSON object sent with each fire.")] = "{}",
-    timezone: Annotated[str, typer.Option(help="IANA time zone.")] = "UTC",
-    misfire: Annotated[str, typer.Option(help="fire_once, skip or fire_all.")] = "fire_once",
-    catchup_window: Annotated[
-        int, typer.Option(help="Seconds of missed fires to catch up.")
-    ] = 3600,
-    replace: Annotated[bool, typer.Option("--replace", help="Change an existing one.")] = False,
-) -> None:
-    """Add (or, with --replace, change) a schedule. Beat picks it up within seconds."""
-    from app.clock import utcnow  # noqa: PLC0415
-    from app.journal.engine import make_engine  # noqa: PLC0415
-    from app.lines import LineRegistry  # noqa: PLC0415
-    from app.schedules import store as schedules  # noqa: PLC0415
-
-    settings = _settings()
-    cron_expr, body, policy = schedules.validate(
-        LineRegistry.from_settings(settings),
-        name=name,
-        cron=cron,
-        timezone=timezone,
-        line=line,
-        payload=payload,
-        misfire=misfire,
-    )
-    if catchup_window < 0:
-        raise typer.BadParameter("must be 0 or more", param_hint="--catchup-window")
-    engine = make_engine(settings.database_url)
-    try:
-        with engine.begin() as conn:
-            schedules.add(
-                conn,
-                name=name,
-                cron=cron_expr,
-                timezone=timezone,
-                line=line,
-                payload=body,
-                misfire=policy,
-                catchup_window_s=catchup_window,
-                now=utcnow(),
-                replace=replace,
-            )
-    finally:
-        engine.dispose()
-    print(f"schedule {name!r} {'changed' if replace else 'added'}: {cron_expr} ({timezone})")
-
-
-def _schedule_change(name: str, action: str) -> None:
-    from app.clock import utcnow  # noqa: PLC0415
-    from app.journal.engine import make_engine  # noqa: PLC0415
-    from app.schedules import store as schedules  # noqa: PLC0415
-
-    engine = make_engine(_settings().database_url)
-    try:
-        with engine.begin() as conn:
-            if action == "remove":
-                schedules.remove(conn, name)
-            else:
-                schedules.set_enabled(conn, name, enabled=action == "enable", now=utcnow())
-    finally:
-        engine.dispose()
-    print(f"schedule {name!r}: {action}d")
-
-
-@schedules_cli.command("remove")
-def schedules_remove(name: str) -> None:
-    """Delete a schedule."""
-    _schedule_change(name, "remove")
-
-
-@schedules_cli.command("enable")
-def schedules_enable(name: str) -> None:
-    """Enable a schedule (it fires from now on; no catch-up of the disabled time)."""
-    _schedule_change(name, "enable")
-
-
-@schedules_cli.command("disable")
-def schedules_disable(name: str) -> None:
-    """Disable a schedule."""
-    _schedule_change(name, "disable")
 
 
 @db_cli.command("upgrade")
