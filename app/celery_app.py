@@ -11,7 +11,7 @@ from celery import Celery
 from kombu.entity import Queue
 
 from app.delivery.push import TASK_NAME
-from app.errors import UnboundedPublish
+from app.errors import ConfigError, UnboundedPublish
 from app.redis_client import redis_options
 from app.settings import BRPOP_TIMEOUT_S, Settings, load_settings
 
@@ -20,7 +20,7 @@ TASK_MODULES = ["workers.tasks"]
 BEAT_SCHEDULER = "beat.scheduler:PipelineScheduler"
 
 
-class PipelineCelery(Celery):  # type: ignore[misc]  # Celery ships no type hints
+class PipelineCelery(Celery):
     """A Celery app that carries the pipeline's settings.
 
     Publishing the pipeline's task through Celery (`send_task`, and so `apply_async`, which
@@ -69,7 +69,7 @@ def create_celery(settings: Settings) -> PipelineCelery:
         # worker's consumer for ~90 s behind a proxy that drops idle connections silently
         # (tests/chaos/test_proxy.py): the event publisher's idle connection was the one lost.
         worker_send_task_events=False,
-        task_queues=[Queue(name, routing_key=name) for name in settings.lines],  # type: ignore[no-untyped-call]
+        task_queues=[Queue(name, routing_key=name) for name in settings.lines],
         task_routes={TASK_NAME: {"queue": next(iter(settings.lines), "order")}},
         task_create_missing_queues=False,
         include=TASK_MODULES,
@@ -83,6 +83,14 @@ def create_celery(settings: Settings) -> PipelineCelery:
         enable_utc=True,
     )
     return celery
+
+
+def pipeline_settings(app: Celery) -> Settings:
+    """The settings `app` was built with. Raises `ConfigError` for an app that is not the
+    pipeline's (a worker or beat started with another `-A`)."""
+    if not isinstance(app, PipelineCelery):
+        raise ConfigError(f"the Celery app {app.main!r} is not the pipeline's (app.celery_app)")
+    return app.pipeline_settings
 
 
 _default: PipelineCelery | None = None

@@ -9,6 +9,7 @@ from typing import Any
 
 from celery.beat import Scheduler
 
+from app.celery_app import pipeline_settings
 from app.clock import utcnow
 from app.errors import PipelineError
 from app.logs import get_logger
@@ -20,7 +21,7 @@ from beat.maintenance import Job, Maintenance
 log = get_logger(__name__)
 
 
-class PipelineScheduler(Scheduler):  # type: ignore[misc]  # Celery ships no type hints
+class PipelineScheduler(Scheduler):
     """A beat scheduler that fires the schedules and runs maintenance in-process."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -32,14 +33,14 @@ class PipelineScheduler(Scheduler):  # type: ignore[misc]  # Celery ships no typ
     @property
     def runtime(self) -> Runtime:
         if self._runtime is None:
-            self._runtime = Runtime.build(self.app.pipeline_settings, db_pool_size=2)
+            self._runtime = Runtime.build(pipeline_settings(self.app), db_pool_size=2)
         return self._runtime
 
     @property
     def lock(self) -> BeatLock:
         if self._lock is None:
             self._lock = BeatLock(
-                self.runtime.redis, ttl_s=self.app.pipeline_settings.beat_lock_ttl_seconds
+                self.runtime.redis, ttl_s=pipeline_settings(self.app).beat_lock_ttl_seconds
             )
         return self._lock
 

@@ -43,7 +43,7 @@ _restore_unacked = kombu_redis.QoS.restore_unacked
 
 def _restore_unacked_or_skip(self: Any, client: Any = None) -> Any:
     try:
-        return _restore_unacked(self, client)  # type: ignore[no-untyped-call]
+        return _restore_unacked(self, client)
     # AttributeError: kombu tore the connection down first (its client info is gone).
     except (redis.ConnectionError, redis.TimeoutError, OSError, AttributeError) as exc:
         log.warning("unacked_restore_skipped", held=len(self._delivered), error=str(exc))
@@ -62,7 +62,7 @@ def _ack_or_skip(self: Any, delivery_tag: Any) -> Any:
     treats as unrecoverable and the worker exits. The message's record is journaled: if
     the ack is lost, the message comes back and its second run does nothing."""
     try:
-        return _ack(self, delivery_tag)  # type: ignore[no-untyped-call]
+        return _ack(self, delivery_tag)
     except (redis.ConnectionError, redis.TimeoutError, OSError, AttributeError) as exc:
         log.warning("ack_skipped", error=str(exc))
         return None
@@ -87,11 +87,11 @@ def _conn_or_acquire(self: Any, client: Any = None) -> Iterator[Any]:
 kombu_redis.Channel.conn_or_acquire = _conn_or_acquire  # type: ignore[method-assign]
 
 
-_connparams = kombu_redis.Channel._connparams
+_connparams = kombu_redis.Channel._connparams  # type: ignore[attr-defined]  # private
 
 
 def _connparams_without_waiting_checks(self: Any, asynchronous: bool = False) -> Any:
-    params = _connparams(self, asynchronous)  # type: ignore[no-untyped-call]
+    params = _connparams(self, asynchronous)
     base = params["connection_class"]
     if asynchronous:
         params["connection_class"] = type(
@@ -106,4 +106,4 @@ def _no_check(self: Any) -> None:
     """The fetch and pub/sub connections: kombu's event loop watches them (see above)."""
 
 
-kombu_redis.Channel._connparams = _connparams_without_waiting_checks  # type: ignore[method-assign]
+kombu_redis.Channel._connparams = _connparams_without_waiting_checks  # type: ignore[attr-defined]

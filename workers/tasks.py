@@ -9,11 +9,13 @@ from __future__ import annotations
 import os
 import random
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from celery import Task, shared_task
 from celery.exceptions import Reject
 
+from app.celery_app import pipeline_settings
 from app.clock import utcnow
 from app.delivery.push import TASK_NAME
 from app.errors import JournalUnavailable
@@ -33,18 +35,18 @@ _runtime: tuple[int, Runtime] | None = None
 _rng = random.Random()  # noqa: S311 - backoff jitter, not cryptography
 
 
-def runtime_for(task: Task) -> Runtime:
+def runtime_for(task: Task[Any, Any]) -> Runtime:
     """This process's runtime, built on first use after any fork (engines and sockets must
     not cross a fork)."""
     global _runtime  # noqa: PLW0603 - one runtime per worker process
     if _runtime is None or _runtime[0] != os.getpid():
         # A pool process runs one task at a time: a small pool is enough.
-        _runtime = (os.getpid(), Runtime.build(task.app.pipeline_settings, db_pool_size=2))
+        _runtime = (os.getpid(), Runtime.build(pipeline_settings(task.app), db_pool_size=2))
     return _runtime[1]
 
 
-@shared_task(name=TASK_NAME, bind=True, acks_late=True, reject_on_worker_lost=True)  # type: ignore[untyped-decorator]
-def process(self: Task, record_ids: str | list[str]) -> str | list[str | None] | None:
+@shared_task(name=TASK_NAME, bind=True, acks_late=True, reject_on_worker_lost=True)
+def process(self: Task[Any, Any], record_ids: str | list[str]) -> str | list[str | None] | None:
     """Run one attempt of each record of the message: one id, or a batch of them (a line's
     `batch_size`). Returns each record's new status, or None where there was nothing to run.
 
@@ -73,7 +75,7 @@ def process(self: Task, record_ids: str | list[str]) -> str | list[str | None] |
     return statuses[0] if isinstance(record_ids, str) else statuses
 
 
-def _queue_line(rt: Runtime, delivery_info: dict[str, Any] | None) -> Line | None:
+def _queue_line(rt: Runtime, delivery_info: Mapping[str, object] | None) -> Line | None:
     """The line whose queue the message came from; None if that is not a line's queue."""
     queue = (delivery_info or {}).get("routing_key")
     return rt.lines.get(queue) if queue in rt.lines.names() else None

@@ -51,7 +51,7 @@ def _make_celery() -> Celery:
         worker_hijack_root_logger=False,
     )
 
-    @app.task(name=NOOP_TASK)  # type: ignore[untyped-decorator]
+    @app.task(name=NOOP_TASK)
     def noop(*_args: Any) -> None:
         return None
 
@@ -87,7 +87,7 @@ def naive_app() -> FastAPI:
             session.add(job)
             session.commit()
             job_id = job.id
-        noop.apply_async(args=[job_id], queue=NAIVE_QUEUE)
+        noop.apply_async(args=(job_id,), queue=NAIVE_QUEUE)
         return {"id": job_id, "status": "accepted"}
 
     return app
