@@ -16,9 +16,6 @@ from tests.support.journal import journal_records
 from tests.support.messages import message_args
 from tests.support.processes import wait_for
 
-# Runs on every journal database (SQLite and PostgreSQL).
-pytestmark = pytest.mark.journal
-
 
 def journal_enqueued(rt, payloads: list[dict], *, line: str = "order") -> list[str]:
     """A record of `line` for each payload, journaled as `enqueued` (as the intake leaves
@@ -26,6 +23,7 @@ def journal_enqueued(rt, payloads: list[dict], *, line: str = "order") -> list[s
     return journal_records(rt, payloads, line=line, status=RecordStatus.ENQUEUED)
 
 
+@pytest.mark.journal
 def test_a_push_packs_records_into_messages_and_stops_at_the_bound_in_messages(harness):
     harness.configure(lines__order__batch_size="8")
     rt = harness.runtime()
@@ -89,6 +87,7 @@ def test_a_batching_line_under_32_producers_holds_its_bound_and_finishes_everyth
     assert len(harness.rows("SELECT business_no FROM orders")) == PRODUCERS * POSTS_EACH
 
 
+@pytest.mark.journal
 def test_a_record_the_sink_refuses_fails_alone_and_the_rest_of_its_batch_is_done(harness):
     """The records of a table-sink batch share one transaction; each one's sink write has
     its own savepoint, so one that fails rolls back alone and counts its attempt."""
@@ -123,6 +122,7 @@ def test_a_record_the_sink_refuses_fails_alone_and_the_rest_of_its_batch_is_done
     }
 
 
+@pytest.mark.journal
 def test_a_batch_writes_its_records_in_message_order_and_an_id_met_twice_runs_once(harness):
     """A whole table-sink batch is claimed, marked done and written by one statement each:
     of two records for one order, the later one's payload is what the table keeps, and an

@@ -9,9 +9,6 @@ import pytest
 
 from tests.support.recorder import Recorder, StillProcessing
 
-# Runs on every journal database (SQLite and PostgreSQL).
-pytestmark = pytest.mark.journal
-
 
 def test_records_posted_across_lines_all_end_done_once_per_business_no(harness):
     recorder = Recorder().start()
@@ -65,6 +62,7 @@ def test_records_posted_across_lines_all_end_done_once_per_business_no(harness):
         recorder.stop()
 
 
+@pytest.mark.journal
 def test_status_sequence_delivered_out_of_order_ends_at_newest(harness):
     client = harness.start_intake()
     base = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
@@ -84,6 +82,7 @@ def test_status_sequence_delivered_out_of_order_ends_at_newest(harness):
     assert [tuple(row) for row in rows] == [("ORD-9", "step-11")]
 
 
+@pytest.mark.journal
 def test_failing_twice_then_succeeding_ends_done_after_three_attempts(harness):
     harness.configure(
         lines__order__handler="tests.support.handlers:fail_twice",

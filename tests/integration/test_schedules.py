@@ -18,9 +18,6 @@ from app.schedules.cron import Misfire
 from app.schedules.store import add, set_enabled
 from tests.support.processes import REPO, wait_for
 
-# Runs on every journal database (SQLite and PostgreSQL).
-pytestmark = pytest.mark.journal
-
 START = datetime(2026, 5, 1, 10, 0, 0, tzinfo=UTC)
 
 
@@ -30,6 +27,7 @@ def scheduled(harness, name: str) -> list[str]:
     )
 
 
+@pytest.mark.journal
 @pytest.mark.parametrize(("policy", "expected"), [("fire_once", 1), ("skip", 0), ("fire_all", 3)])
 def test_beat_stopped_across_three_due_times_then_restarted(harness, policy, expected):
     rt = harness.runtime()
@@ -54,6 +52,7 @@ def test_beat_stopped_across_three_due_times_then_restarted(harness, policy, exp
     assert len(scheduled(harness, "nightly")) == 1 + expected
 
 
+@pytest.mark.journal
 def test_the_same_fire_from_two_beats_is_stored_once(harness):
     rt = harness.runtime()
     with rt.engine.begin() as conn:
