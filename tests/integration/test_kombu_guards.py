@@ -20,7 +20,7 @@ from kombu import Connection, Producer, Queue
 from kombu.asynchronous import Hub
 
 from app import redis_client
-from app.delivery.push import UNACKED_KEY, Admission
+from app.delivery.push import UNACKED_KEY, Pusher
 from app.local.embedded_redis import RedisServer
 from tests.support.kombu_shipped import kombu_redis_as_shipped
 from tests.support.processes import free_port
@@ -234,7 +234,7 @@ def test_kombu_schedules_its_fetch_and_pubsub_watchdogs_on_a_workers_event_loop(
         hub.close()
 
 
-# Not a patch: `Admission.present_ids` reads kombu's hash of held messages.
+# Not a patch: `Pusher.present_ids` reads kombu's hash of held messages.
 
 
 def test_a_message_a_worker_holds_is_in_kombus_unacked_hash_where_present_ids_reads_it(
@@ -242,8 +242,8 @@ def test_a_message_a_worker_holds_is_in_kombus_unacked_hash_where_present_ids_re
 ):
     client = redis_client.make_redis(redis_url)
     try:
-        admission = Admission(client)
-        admission.push(QUEUE, ["01GUARD"], max_length=10)
+        pusher = Pusher(client)
+        pusher.push(QUEUE, ["01GUARD"], max_length=10)
         with Connection(redis_url) as conn:
             channel = conn.channel()
             assert channel.unacked_key == UNACKED_KEY
@@ -253,8 +253,8 @@ def test_a_message_a_worker_holds_is_in_kombus_unacked_hash_where_present_ids_re
             [held] = client.hvals(UNACKED_KEY)
             _payload, exchange, routing_key = json.loads(held)
             assert (exchange, routing_key) == ("", QUEUE)
-            assert admission.present_ids(QUEUE) == {"01GUARD"}
+            assert pusher.present_ids(QUEUE) == {"01GUARD"}
             message.ack()
-            assert admission.present_ids(QUEUE) == set()
+            assert pusher.present_ids(QUEUE) == set()
     finally:
         client.close()

@@ -11,7 +11,7 @@ import pytest
 from celery.worker.request import Request
 
 from app.celery_app import create_celery
-from app.delivery.push import TASK_NAME, Admission
+from app.delivery.push import TASK_NAME, Pusher
 from app.redis_client import make_redis
 from app.settings import load_settings
 
@@ -39,7 +39,7 @@ def client(redis_url: str) -> Any:
 
 def _push_ours(client: Any, ids: list[str]) -> dict[str, Any]:
     """Push `ids` as one message the way the intake does; the message as Redis holds it."""
-    pushed = Admission(client).push(QUEUE, ids, max_length=10, batch_size=len(ids))
+    pushed = Pusher(client).push(QUEUE, ids, max_length=10, batch_size=len(ids))
     assert pushed.pushed == len(ids)
     [raw] = client.lrange(QUEUE, 0, -1)
     client.delete(QUEUE)
@@ -75,7 +75,7 @@ def test_celerys_publisher_writes_the_message_we_push_but_for_its_delivery_tag(c
 
 @pytest.mark.parametrize("ids", ARGUMENTS)
 def test_a_celery_consumer_receives_our_message_as_the_tasks_call(celery, client, ids):
-    Admission(client).push(QUEUE, ids, max_length=10, batch_size=len(ids))
+    Pusher(client).push(QUEUE, ids, max_length=10, batch_size=len(ids))
     arg = ids[0] if len(ids) == 1 else ids
     received: list[Any] = []
     with celery.connection_for_read() as conn:
