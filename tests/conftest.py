@@ -24,10 +24,26 @@ from tests.support.processes import free_port
 # postgresql+psycopg://postgres@127.0.0.1:5432/postgres. Unset: SQLite.
 PG_ADMIN_URL = os.environ.get("PIPELINE_TEST_DATABASE_URL", "")
 
+TESTS_DIR = Path(__file__).resolve().parent
+# Each directory of tests/ is a tier, with the marker of its name (see pyproject.toml).
+TIERS = ("unit", "integration", "chaos", "browser")
+
+
+def mark_tiers(items: list[pytest.Item]) -> None:
+    """Mark each test with its tier, the directory it is in: tests/<tier>/..."""
+    for item in items:
+        try:
+            tier = item.path.resolve().relative_to(TESTS_DIR).parts[0]
+        except ValueError:
+            continue
+        if tier in TIERS:
+            item.add_marker(getattr(pytest.mark, tier))
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """On PostgreSQL, skip (with the reason printed) what does not touch the journal's
     database: it has run in the SQLite pass."""
+    mark_tiers(items)
     if not PG_ADMIN_URL:
         return
     once = pytest.mark.skip(
