@@ -15,6 +15,7 @@ import pytest
 
 from tests.support.processes import wait_for
 from tests.support.recorder import Recorder
+from tests.support.services import require
 
 # A scenario loads 2,100 records, injects its fault, then waits up to 180 s for the ledger.
 pytestmark = pytest.mark.timeout(420)
@@ -99,8 +100,8 @@ def test_database_restarted_mid_load(chaos):
             "the journal is SQLite, embedded in each process: there is no server to restart"
         )
     command = postgres_restart_command()
-    if command is None:
-        pytest.skip("cannot restart PostgreSQL here (needs root and pg_ctlcluster)")
+    require(command is not None, "cannot restart PostgreSQL here (needs root and pg_ctlcluster)")
+    assert command is not None
     chaos.start()
 
     def fault() -> None:
