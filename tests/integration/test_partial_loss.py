@@ -43,7 +43,9 @@ def test_records_whose_message_was_removed_are_pushed_again_once(harness):
     assert recover_lost(rt, now=utcnow()) == {}  # all waiting: nothing is pushed
 
     removed = remove_messages(rt.redis, "refund", 5)
-    time.sleep(0.6)  # past lost_after_seconds
+    # Past lost_after_seconds: a matter of the clock, with nothing to poll (polling
+    # recover_lost would push the five one by one as each came of age).
+    time.sleep(0.6)
     assert recover_lost(rt, now=utcnow()) == {"refund": 5}
     assert Counter(queued_ids(rt.redis, "refund")) == Counter(ids)  # each once, again
     assert recover_lost(rt, now=utcnow()) == {}
@@ -60,7 +62,7 @@ def test_a_record_claimed_for_a_push_that_never_happened_is_pushed_again(harness
         rt, [{"business_no": "K-1"}], line="order", status=RecordStatus.ENQUEUED
     )
     assert recover_lost(rt, now=utcnow()) == {}  # too recent: its pusher may be at work
-    time.sleep(0.6)
+    time.sleep(0.6)  # past lost_after_seconds: a matter of the clock, with nothing to poll
     assert recover_lost(rt, now=utcnow()) == {"order": 1}
     assert queued_ids(rt.redis, "order") == [record_id]
     (stored,) = harness.records()
@@ -79,7 +81,7 @@ def test_messages_removed_under_load_come_back_within_30_s_and_run_once(harness,
         for n in range(150):
             body = {"business_no": f"U-{n}", "sleep_s": 0.02}
             ids.append(client.post("/v1/order", json=body).json()["id"])
-            time.sleep(0.01)
+            time.sleep(0.01)  # paces the load, so the removal below happens under it
 
     producer = threading.Thread(target=load, daemon=True)
     producer.start()
