@@ -3,6 +3,7 @@ default, PostgreSQL when PIPELINE_TEST_DATABASE_URL names a server), and the har
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import uuid
@@ -24,11 +25,28 @@ from tests.support.processes import free_port
 # postgresql+psycopg://postgres@127.0.0.1:5432/postgres. Unset: SQLite.
 PG_ADMIN_URL = os.environ.get("PIPELINE_TEST_DATABASE_URL", "")
 
+TESTS_DIR = Path(__file__).resolve().parent
+# Each directory of tests/ is a tier, with the marker of its name (see pyproject.toml).
+TIERS = ("unit", "integration", "chaos", "browser")
+
+
+def mark_tiers(items: list[pytest.Item]) -> None:
+    """Mark each test with its tier, the directory it is in: tests/<tier>/..."""
+    for item in items:
+        try:
+            tier = item.path.resolve().relative_to(TESTS_DIR).parts[0]
+        except ValueError:
+            continue
+        if tier in TIERS:
+            item.add_marker(getattr(pytest.mark, tier))
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """On PostgreSQL, run what is marked `journal` (it exercises the journal's database:
-    its statements, transactions and failures) and skip the rest, with the reason printed:
-    it has run in the SQLite pass, through the same journal code."""
+    """Mark each test with its tier. On PostgreSQL, run what is marked `journal` (it
+    exercises the journal's database: its statements, transactions and failures) and skip
+    the rest, with the reason printed: it has run in the SQLite pass, through the same
+    journal code."""
+    mark_tiers(items)
     if not PG_ADMIN_URL:
         return
     once = pytest.mark.skip(
@@ -45,12 +63,16 @@ def pytest_report_header() -> str:
     return f"journal database: {backend}"
 
 
-@pytest.fixture(autouse=True)
-def _clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    """No PIPELINE_ setting of the shell leaks into a test."""
+def _drop_pipeline_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in list(os.environ):
         if name.startswith("PIPELINE_") and not name.startswith("PIPELINE_TEST_"):
             monkeypatch.delenv(name)
+
+
+@pytest.fixture(autouse=True)
+def _clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No PIPELINE_ setting of the shell leaks into a test."""
+    _drop_pipeline_settings(monkeypatch)
 
 
 @pytest.fixture(scope="session")
@@ -63,15 +85,19 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
         server.stop()
 
 
-@pytest.fixture
-def redis_url(redis_server: RedisServer) -> str:
-    """A Redis with nothing in it."""
+def _emptied(redis_server: RedisServer) -> str:
     client = redis_server.client()
     try:
         client.flushall()
     finally:
         client.close()
     return redis_server.url
+
+
+@pytest.fixture
+def redis_url(redis_server: RedisServer) -> str:
+    """A Redis with nothing in it."""
+    return _emptied(redis_server)
 
 
 # Admin engines connect afresh each time: a test may restart the server in between.
@@ -101,18 +127,18 @@ def _template(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         admin.dispose()
 
 
-@pytest.fixture
-def database_url(_template: str, tmp_path: Path) -> Iterator[str]:
-    """A freshly migrated, empty journal database for this test."""
+@contextlib.contextmanager
+def _fresh_database(template: str, directory: Path) -> Iterator[str]:
+    """A freshly migrated, empty journal database, copied from `template`; dropped after."""
     if not PG_ADMIN_URL:
-        path = tmp_path / "journal.db"
-        shutil.copyfile(_template, path)
+        path = directory / "journal.db"
+        shutil.copyfile(template, path)
         yield f"sqlite:///{path}"
         return
     name = f"pipeline_t_{uuid.uuid4().hex[:12]}"
     admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT", poolclass=NullPool)
     with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}" TEMPLATE "{_template}"'))
+        conn.execute(text(f'CREATE DATABASE "{name}" TEMPLATE "{template}"'))
     try:
         yield make_url(PG_ADMIN_URL).set(database=name).render_as_string(hide_password=False)
     finally:
@@ -122,7 +148,14 @@ def database_url(_template: str, tmp_path: Path) -> Iterator[str]:
 
 
 @pytest.fixture
-def harness(
+def database_url(_template: str, tmp_path: Path) -> Iterator[str]:
+    """A freshly migrated, empty journal database for this test."""
+    with _fresh_database(_template, tmp_path) as url:
+        yield url
+
+
+@contextlib.contextmanager
+def _running_harness(
     database_url: str, redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[Harness]:
     env = {
@@ -142,3 +175,33 @@ def harness(
         yield h
     finally:
         h.close()
+
+
+@pytest.fixture
+def harness(
+    database_url: str, redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Harness]:
+    with _running_harness(database_url, redis_url, tmp_path, monkeypatch) as h:
+        yield h
+
+
+@pytest.fixture(scope="module")
+def module_harness(
+    request: pytest.FixtureRequest,
+    _template: str,
+    redis_server: RedisServer,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Harness]:
+    """One harness, database and empty Redis for all the tests of a module: for a stack
+    that takes long to start and that those tests only read, set up once for all of them.
+
+    Each test starts with no PIPELINE_ setting in its environment (`_clean_environment`):
+    it uses what the set-up built (clients, runtimes), or sets `harness.env` again."""
+    tmp_path = tmp_path_factory.mktemp(request.module.__name__.rpartition(".")[2])
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        _drop_pipeline_settings(monkeypatch)
+        with (
+            _fresh_database(_template, tmp_path) as database_url,
+            _running_harness(database_url, _emptied(redis_server), tmp_path, monkeypatch) as h,
+        ):
+            yield h

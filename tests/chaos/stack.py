@@ -129,7 +129,7 @@ class ChaosStack:
             with self.ledger.lock:
                 self.ledger.retries += 1
             assert time.monotonic() < deadline, f"no 2xx for {line} {body} within 120 s"
-            time.sleep(0.2)
+            time.sleep(0.2)  # a client's pause before it tries again, as a real one would
 
     def load(self, total: int = 2100, *, clients: int = 16) -> None:
         """Post `total` records across the three lines from concurrent clients."""

@@ -9,7 +9,7 @@ import json
 import os
 import signal
 import time
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from beat.lock import LOCK_KEY
 from tests.support.processes import wait_for
@@ -44,7 +44,12 @@ def test_standby_beat_takes_over_within_the_ttl_and_no_fire_is_lost_or_doubled(h
         ).process.wait(timeout=60)
         beats = {b.pid: b for b in (harness.start_beat(), harness.start_beat())}
         wait_for(lambda: rt.redis.get(LOCK_KEY), timeout_s=10, what="a beat to take the lock")
-        time.sleep(4)
+        # The holder fires every second while the other stands by.
+        wait_for(
+            lambda: len(fire_times(harness)) >= 3,
+            timeout_s=30,
+            what="three fires before the holder is killed",
+        )
         holder_pid = int(rt.redis.get(LOCK_KEY).decode().split(":")[1])
         assert holder_pid in beats
         before = fire_times(harness)
@@ -60,6 +65,7 @@ def test_standby_beat_takes_over_within_the_ttl_and_no_fire_is_lost_or_doubled(h
 
         wait_for(taken_over, timeout_s=TTL_S + 5, what="the standby to take the lock")
         took_s = time.monotonic() - killed_at
+        taken_at = datetime.now(UTC)
         count_at_takeover = len(fire_times(harness))
         wait_for(
             lambda: len(fire_times(harness)) > count_at_takeover,
@@ -67,7 +73,12 @@ def test_standby_beat_takes_over_within_the_ttl_and_no_fire_is_lost_or_doubled(h
             what="the new holder's first fire",
         )
         assert took_s <= TTL_S + 1.5, took_s
-        time.sleep(4)
+        # The new holder goes on firing, so the gaps checked below run past the takeover.
+        wait_for(
+            lambda: fire_times(harness)[-1] >= taken_at + timedelta(seconds=3),
+            timeout_s=30,
+            what="the new holder's fires of the three seconds after the takeover",
+        )
         for pid, beat in beats.items():
             if pid != holder_pid:
                 beat.stop()

@@ -15,6 +15,7 @@ import pytest
 
 from tests.support.processes import wait_for
 from tests.support.recorder import Recorder
+from tests.support.services import require
 
 # A scenario loads 2,100 records, injects its fault, then waits up to 180 s for the ledger.
 pytestmark = pytest.mark.timeout(420)
@@ -32,9 +33,12 @@ def test_worker_killed_twice_mid_processing_loses_nothing(chaos):
             worker = chaos.workers["refund"]
             kill_group(worker.pid)
             worker.process.wait(timeout=10)
+            # Part of the fault, not a wait: the line has no worker for a second while the
+            # load goes on.
             time.sleep(1)
-            chaos.start_worker("refund")
-            time.sleep(2)
+            restarted = chaos.start_worker("refund")
+            # Killed again once it is at work, so that it too dies mid-processing.
+            restarted.wait_for_output("record_done", timeout_s=60)
         kill_group(chaos.workers["order"].pid)
         chaos.workers["order"].process.wait(timeout=10)
         chaos.start_worker("order")
@@ -50,7 +54,13 @@ def test_intake_killed_mid_load_clients_retry_with_the_same_nonce(chaos):
     def fault() -> None:
         kill_group(chaos.intake.pid)
         chaos.intake.process.wait(timeout=10)
-        time.sleep(1)
+        retries = chaos.ledger.retries
+        # Down until the clients have met the killed intake.
+        wait_for(
+            lambda: chaos.ledger.retries > retries,
+            timeout_s=60,
+            what="a client to retry against the killed intake",
+        )
         chaos.start_intake()
 
     chaos.load_with_fault(fault)
@@ -64,6 +74,7 @@ def test_redis_killed_and_restarted_empty_mid_load(chaos):
     def fault() -> None:
         chaos.redis.process.kill()
         chaos.redis.process.wait(timeout=10)
+        # Part of the fault, not a wait: Redis stays down for two seconds of the load.
         time.sleep(2)
         chaos.redis.start()
 
@@ -100,8 +111,8 @@ def test_database_restarted_mid_load(chaos):
             "the journal is SQLite, embedded in each process: there is no server to restart"
         )
     command = postgres_restart_command()
-    if command is None:
-        pytest.skip("cannot restart PostgreSQL here (needs root and pg_ctlcluster)")
+    require(command is not None, "cannot restart PostgreSQL here (needs root and pg_ctlcluster)")
+    assert command is not None
     chaos.start()
 
     def fault() -> None:
@@ -121,6 +132,7 @@ def test_downstream_failing_for_20_seconds_then_every_record_ends_done(chaos):
     )
     started = time.monotonic()
     chaos.load()  # the whole load lands while the downstream fails
+    # Part of the scenario, not a wait: the downstream fails for 20 seconds in all.
     time.sleep(max(0.0, 20 - (time.monotonic() - started)))
     chaos.recorder.status = 200
     figures = chaos.check(timeout_s=240)

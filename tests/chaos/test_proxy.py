@@ -60,7 +60,7 @@ def test_schedule_through_a_proxy_that_mistreats_idle_connections(harness, tmp_p
         live_samples = []
         deadline = time.monotonic() + RUN_S
         while time.monotonic() < deadline:
-            time.sleep(1)
+            time.sleep(1)  # one sample a second for the whole run: the scenario, not a wait
             live_samples.append(len(live_workers(registry, "order")))
         registry.close()
         beat.stop()

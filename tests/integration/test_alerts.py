@@ -62,7 +62,7 @@ def test_a_queue_kept_full_yields_one_queue_full_per_window_with_the_folded_coun
         response = client.post("/v1/order", json={"business_no": f"X-{overflows}"})
         assert response.status_code == 429
         overflows += 1
-        time.sleep(0.01)
+        time.sleep(0.01)  # paces the posts that keep the queue full for three windows
 
     # The tail of the last window is released once that window closes.
     def all_counted() -> bool:
@@ -140,7 +140,10 @@ def test_stopping_the_order_worker_with_work_waiting_yields_no_consumer(harness,
         return next(row["live_workers"] for row in rows if row["line"] == line)
 
     wait_for(lambda: live("order") == 1, timeout_s=20, what="the order worker's heartbeat")
-    time.sleep(2.5)  # two monitor runs with a live worker
+    # Proves an absence, so time must pass: two runs of the 1 s monitor (beat ticks at
+    # least once a second) with a live worker, and no NO_CONSUMER. Nothing marks a run
+    # that raised nothing, so there is no condition to wait on instead.
+    time.sleep(2.5)
     assert not messages(hooks, "/generic", "NO_CONSUMER")
 
     worker.stop()

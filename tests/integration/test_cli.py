@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from app.local.embedded_redis import answers
-from tests.support.processes import REPO, free_port, group_alive, wait_for
+from tests.support.processes import free_port, group_alive, wait_for
 
 PIPELINE = str(Path(sys.executable).with_name("pipeline"))
 
@@ -122,7 +122,7 @@ def test_pipeline_up_serves_delivers_and_leaves_no_process_after_sigint(harness,
 def test_bad_setting_stops_intake_with_one_line_naming_it(variable, value, tmp_path):
     result = subprocess.run(
         [PIPELINE, "intake"],
-        cwd=REPO,
+        cwd=tmp_path,  # were it to start, its default ./pipeline.db would land here
         env=clean_env(**{variable: value}),
         capture_output=True,
         text=True,

@@ -12,6 +12,7 @@ import httpx
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
+from hypothesis.configuration import set_hypothesis_home_dir
 from hypothesis.errors import Unsatisfiable
 from schemathesis.generation.modes import GenerationMode
 from schemathesis.specs.openapi.checks import (
@@ -25,6 +26,17 @@ KEY_ID, SECRET = "fuzz-key", "fuzz-secret"
 ADMIN = "fuzz-admin-token"
 EXAMPLES = 40
 OUTCOMES: Counter[int] = Counter()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _hypothesis_directory(tmp_path_factory):
+    """Hypothesis keeps its caches in `.hypothesis/` of the working directory, the source
+    tree: here they go to a temporary directory instead."""
+    set_hypothesis_home_dir(tmp_path_factory.mktemp("hypothesis"))
+    try:
+        yield
+    finally:
+        set_hypothesis_home_dir(None)
 
 
 @pytest.fixture(scope="module")

@@ -148,6 +148,7 @@ def test_a_chunked_body_past_the_limit_gets_413(harness, intake):
 def test_a_client_sending_a_byte_a_second_is_cut_off_and_others_are_served(harness, intake):
     head = request_head(signed_headers(KEY_ID, SECRET, BODY), length=len(BODY))
     answers: list[bytes] = []
+    sending = threading.Event()
 
     def slow() -> None:
         with socket.create_connection(("127.0.0.1", intake), timeout=10) as sock:
@@ -157,14 +158,15 @@ def test_a_client_sending_a_byte_a_second_is_cut_off_and_others_are_served(harne
                     if select.select([sock], [], [], 0)[0]:
                         break  # the server answered before the body ended: read it below
                     sock.sendall(bytes([byte]))
-                    time.sleep(1)
+                    sending.set()
+                    time.sleep(1)  # a byte a second: the slowness under test, not a wait
             except OSError:
                 pass  # the server gave up on us: what it answered is below
             answers.append(_read_answer(sock))
 
     thread = threading.Thread(target=slow, daemon=True)
     thread.start()
-    time.sleep(0.3)
+    wait_for(sending.is_set, timeout_s=10, what="the slow client to send its body")
     body = b'{"business_no": "FAST-1"}'
     fast = httpx.post(
         f"http://127.0.0.1:{intake}/v1/order",
@@ -185,7 +187,13 @@ def test_requests_past_the_in_flight_limit_get_503_with_retry_after(harness, int
     try:
         for sock in held:
             sock.sendall(head + BODY[:5])  # the rest never comes: each holds a slot
-        time.sleep(0.3)
+
+        def both_slots_held() -> bool:
+            # A request that changes nothing; the limit answers it before any route would.
+            probe = httpx.get(f"http://127.0.0.1:{intake}/v1/lines", timeout=5)
+            return probe.status_code == 503
+
+        wait_for(both_slots_held, timeout_s=10, what="the two slow requests to hold both slots")
         body = b'{"business_no": "THIRD"}'
         third = httpx.post(
             f"http://127.0.0.1:{intake}/v1/order",

@@ -100,8 +100,9 @@ def test_times_with_no_utc_equivalent_are_refused(intake, moment):
         assert replay.status_code == 422, replay.text
 
 
-def sql_built_from_strings(path: Path) -> list[str]:
-    """Calls that hand SQL to the database built with an f-string, `%` or `.format`."""
+def sql_built_from_strings(path: Path, *, root: Path = REPO) -> list[str]:
+    """Calls that hand SQL to the database built with an f-string, `%` or `.format`, each
+    named by its place relative to `root`."""
     found = []
     for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
         if not (isinstance(node, ast.Call) and node.args):
@@ -121,7 +122,7 @@ def sql_built_from_strings(path: Path) -> list[str]:
             )
         )
         if formatted:
-            found.append(f"{path.relative_to(REPO)}:{node.lineno}")
+            found.append(f"{path.relative_to(root)}:{node.lineno}")
     return found
 
 
@@ -132,9 +133,9 @@ def test_no_statement_is_built_by_string_formatting():
 
 
 def test_the_checker_finds_a_formatted_statement(tmp_path):
-    bad = REPO / "tests" / "support" / "_formatted_sql_sample.py"
+    # The sample is written under tmp_path, laid out as it would be in the source tree.
+    bad = tmp_path / "tests" / "support" / "_formatted_sql_sample.py"
+    bad.parent.mkdir(parents=True)
     bad.write_text('def f(conn, x):\n    conn.execute(text(f"SELECT {x}"))\n')
-    try:
-        assert sql_built_from_strings(bad) == ["tests/support/_formatted_sql_sample.py:2"]
-    finally:
-        bad.unlink()
+    found = sql_built_from_strings(bad, root=tmp_path)
+    assert found == ["tests/support/_formatted_sql_sample.py:2"]

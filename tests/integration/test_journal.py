@@ -273,7 +273,7 @@ def test_an_id_picked_update_still_uses_the_primary_key_once_the_journal_has_gro
                 more = [new_record("order", f"G-{start + n}", now=now) for n in range(2_000)]
                 store.insert_records(conn, more, now=now)
             conn.commit()
-        time.sleep(0.6)
+        time.sleep(0.6)  # past REPLAN_AFTER_S: a matter of the clock, with nothing to poll
         with engine.connect() as conn:  # the same pooled connection, its plans dropped
             store.move(conn, ids, TransitionEvent.DEFERRED, now=now)
             seq_scans, index_scans = conn.exec_driver_sql(

@@ -5,12 +5,12 @@ from __future__ import annotations
 import time
 
 import pytest
-from sqlalchemy import create_engine
+from sqlalchemy import create_engine, text
 from sqlalchemy.pool import NullPool
 
 from app.journal import engine as journal_engine
 from app.local.embedded_redis import RedisServer
-from tests.support.processes import free_port
+from tests.support.processes import free_port, wait_for
 
 # Runs on every journal database (SQLite and PostgreSQL).
 pytestmark = pytest.mark.journal
@@ -85,9 +85,21 @@ def test_a_pooled_journal_connection_dropped_while_idle_is_replaced_before_use(
     try:
         with engine.connect() as conn:
             dropped = conn.exec_driver_sql("SELECT pg_backend_pid()").scalar()
+        idle_since = time.monotonic()  # back in the pool
         with admin.connect() as conn:
             assert conn.exec_driver_sql(f"SELECT pg_terminate_backend({dropped})").scalar()
-        time.sleep(0.5)  # past the idle threshold; the backend is gone
+
+        def backend_gone() -> bool:
+            with admin.connect() as conn:
+                found = conn.execute(
+                    text("SELECT 1 FROM pg_stat_activity WHERE pid = :pid"), {"pid": dropped}
+                )
+                return found.first() is None
+
+        wait_for(backend_gone, timeout_s=30, what="the terminated backend to exit")
+        # And idle past the threshold: a matter of the clock, with nothing to poll.
+        idle_s = time.monotonic() - idle_since
+        time.sleep(max(0.0, journal_engine.PING_AFTER_IDLE_S + 0.1 - idle_s))
         with engine.connect() as conn:
             assert conn.exec_driver_sql("SELECT pg_backend_pid()").scalar() != dropped
     finally:

@@ -47,7 +47,9 @@ def test_records_whose_message_was_removed_are_pushed_again_once(harness):
     assert rt.lost.recover_lost(now=utcnow()) == {}  # all waiting: nothing is pushed
 
     removed = remove_messages(rt.redis, "refund", 5)
-    time.sleep(0.6)  # past lost_after_seconds
+    # Past lost_after_seconds: a matter of the clock, with nothing to poll (polling
+    # recover_lost would push the five one by one as each came of age).
+    time.sleep(0.6)
     assert rt.lost.recover_lost(now=utcnow()) == {"refund": 5}
     assert Counter(queued_ids(rt.redis, "refund")) == Counter(ids)  # each once, again
     assert rt.lost.recover_lost(now=utcnow()) == {}
@@ -64,7 +66,7 @@ def test_a_record_claimed_for_a_push_that_never_happened_is_pushed_again(harness
         rt, [{"business_no": "K-1"}], line="order", status=RecordStatus.ENQUEUED
     )
     assert rt.lost.recover_lost(now=utcnow()) == {}  # too recent: its pusher may be at work
-    time.sleep(0.6)
+    time.sleep(0.6)  # past lost_after_seconds: a matter of the clock, with nothing to poll
     assert rt.lost.recover_lost(now=utcnow()) == {"order": 1}
     assert queued_ids(rt.redis, "order") == [record_id]
     (stored,) = harness.records()
@@ -83,7 +85,7 @@ def test_messages_removed_under_load_come_back_within_30_s_and_run_once(harness,
         for n in range(150):
             body = {"business_no": f"U-{n}", "sleep_s": 0.02}
             ids.append(client.post("/v1/order", json=body).json()["id"])
-            time.sleep(0.01)
+            time.sleep(0.01)  # paces the load, so the removal below happens under it
 
     producer = threading.Thread(target=load, daemon=True)
     producer.start()

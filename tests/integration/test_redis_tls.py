@@ -16,6 +16,7 @@ import redis
 
 from app.redis_client import make_redis
 from tests.support.processes import free_port, wait_for
+from tests.support.services import require
 
 # HTTP, Redis or the browser: the journal's database plays no part.
 pytestmark = pytest.mark.journal_independent
@@ -61,8 +62,10 @@ def make_certificates(directory: Path) -> dict[str, Path]:
 
 @pytest.fixture
 def tls_redis(tmp_path):
-    if REDIS_SERVER is None or OPENSSL is None:
-        pytest.skip("needs redis-server built with TLS and openssl (both on the CI machine)")
+    require(
+        REDIS_SERVER is not None and OPENSSL is not None,
+        "needs redis-server built with TLS and openssl (both on the CI machine)",
+    )
     certs = make_certificates(tmp_path)
     port = free_port()
     with (tmp_path / "redis-tls.log").open("wb") as log:
