@@ -39,6 +39,14 @@ def mark_tiers(items: list[pytest.Item]) -> None:
             continue
         if tier in TIERS:
             item.add_marker(getattr(pytest.mark, tier))
+        item.add_marker(pytest.mark.xdist_group(_run_group(tier, item)))
+
+
+def _run_group(tier: str, item: pytest.Item) -> str:
+    """Which tests run one after another on one process under `pytest -n N`: the chaos
+    scenarios all (each loads the machine; two at once would test the machine, not the
+    pipeline), and the tests of one module (they may share a module's fixture)."""
+    return "chaos" if tier == "chaos" else item.path.stem
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -47,6 +55,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     the rest, with the reason printed: it has run in the SQLite pass, through the same
     journal code."""
     mark_tiers(items)
+    if config.getoption("numprocesses", None):
+        # Under `pytest -n N` the chaos scenarios, one after another on one process, start
+        # first; the other processes take the rest meanwhile.
+        items.sort(key=lambda item: item.get_closest_marker("chaos") is None)
     if not PG_ADMIN_URL:
         return
     once = pytest.mark.skip(
