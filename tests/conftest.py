@@ -55,9 +55,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     the rest, with the reason printed: it has run in the SQLite pass, through the same
     journal code."""
     mark_tiers(items)
-    if config.getoption("numprocesses", None):
-        # Under `pytest -n N` the chaos scenarios, one after another on one process, start
-        # first; the other processes take the rest meanwhile.
+    if hasattr(config, "workerinput"):
+        # A process of `pytest -n N` (they collect, the controller hands out): the chaos
+        # scenarios, one after another on one process, go first; the others take the rest
+        # meanwhile.
         items.sort(key=lambda item: item.get_closest_marker("chaos") is None)
     if not PG_ADMIN_URL:
         return
