@@ -57,9 +57,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     mark_tiers(items)
     if hasattr(config, "workerinput"):
         # A process of `pytest -n N` (they collect, the controller hands out): the chaos
-        # scenarios, one after another on one process, go first; the others take the rest
-        # meanwhile.
-        items.sort(key=lambda item: item.get_closest_marker("chaos") is None)
+        # scenarios, one after another on one process, go first, then the `long` tests; the
+        # others take the rest meanwhile.
+        items.sort(
+            key=lambda item: (
+                item.get_closest_marker("chaos") is None,
+                item.get_closest_marker("long") is None,
+            )
+        )
     if not PG_ADMIN_URL:
         return
     once = pytest.mark.skip(

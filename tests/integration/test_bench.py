@@ -28,6 +28,7 @@ ROWS = [
 
 
 @pytest.mark.journal
+@pytest.mark.long
 @pytest.mark.timeout(300)
 def test_quick_bench_completes_and_prints_every_row(harness, tmp_path):
     database = harness.env["PIPELINE_DATABASE_URL"]
