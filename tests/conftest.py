@@ -43,10 +43,11 @@ def mark_tiers(items: list[pytest.Item]) -> None:
 
 
 def _run_group(tier: str, item: pytest.Item) -> str:
-    """Which tests run one after another on one process under `pytest -n N`: the chaos
-    scenarios all (each loads the machine; two at once would test the machine, not the
-    pipeline), and the tests of one module (they may share a module's fixture)."""
-    return "chaos" if tier == "chaos" else item.path.stem
+    """Which tests run one after another on one process under `pytest -n N`: those that
+    load the machine (two at once would test the machine, not the pipeline), and the tests
+    of one module (they may share a module's fixture)."""
+    del tier
+    return "loads_machine" if item.get_closest_marker("loads_machine") else item.path.stem
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -56,15 +57,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     journal code."""
     mark_tiers(items)
     if hasattr(config, "workerinput"):
-        # A process of `pytest -n N` (they collect, the controller hands out): the chaos
-        # scenarios, one after another on one process, go first, then the `long` tests; the
-        # others take the rest meanwhile.
-        items.sort(
-            key=lambda item: (
-                item.get_closest_marker("chaos") is None,
-                item.get_closest_marker("long") is None,
-            )
-        )
+        # A process of `pytest -n N` (they collect, the controller hands out): the `long`
+        # tests go first, beside the others.
+        items.sort(key=lambda item: item.get_closest_marker("long") is None)
     if not PG_ADMIN_URL:
         return
     once = pytest.mark.skip(

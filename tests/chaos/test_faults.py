@@ -18,7 +18,8 @@ from tests.support.recorder import Recorder
 from tests.support.services import require
 
 # A scenario loads 2,100 records, injects its fault, then waits up to 180 s for the ledger.
-pytestmark = pytest.mark.timeout(420)
+# Each scenario loads the machine: under pytest -n N they run one after another.
+pytestmark = [pytest.mark.timeout(420), pytest.mark.loads_machine]
 
 
 def kill_group(pid: int) -> None:

@@ -20,7 +20,8 @@ from tests.support.messages import queued_ids
 from tests.support.processes import REPO
 
 # Seeding and replaying 100,000 rows twice takes about a minute on this kind of machine.
-pytestmark = pytest.mark.timeout(420)
+# Each scenario loads the machine: under pytest -n N they run one after another.
+pytestmark = [pytest.mark.timeout(420), pytest.mark.loads_machine]
 
 ROWS = 100_000
 BASELINE_ROWS = 1_000
