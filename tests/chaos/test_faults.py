@@ -17,7 +17,8 @@ from tests.support.processes import wait_for
 from tests.support.recorder import Recorder
 from tests.support.services import require
 
-# A scenario loads 2,100 records, injects its fault, then waits up to 180 s for the ledger.
+# A scenario loads 1,050 to 2,100 records, injects its fault, then waits up to 180 s for the
+# ledger.
 # Each scenario loads the machine: under pytest -n N they run one after another.
 pytestmark = [pytest.mark.timeout(420), pytest.mark.loads_machine]
 
@@ -79,7 +80,9 @@ def test_redis_killed_and_restarted_empty_mid_load(chaos):
         time.sleep(2)
         chaos.redis.start()
 
-    chaos.load_with_fault(fault)
+    # A smaller load: what this fault tests needs records in flight, not a flood, and the
+    # suite's time is mostly these loads.
+    chaos.load_with_fault(fault, total=1200, after=300)
     chaos.check()
 
 
@@ -93,7 +96,9 @@ def test_flushall_mid_load(chaos):
         finally:
             client.close()
 
-    chaos.load_with_fault(fault)
+    # A smaller load: what this fault tests needs records in flight, not a flood, and the
+    # suite's time is mostly these loads.
+    chaos.load_with_fault(fault, total=1200, after=300)
     chaos.check()
 
 
@@ -132,7 +137,9 @@ def test_downstream_failing_for_20_seconds_then_every_record_ends_done(chaos):
         lines__refund__backoff_max_s="2",
     )
     started = time.monotonic()
-    chaos.load()  # the whole load lands while the downstream fails
+    # A smaller load: what this fault tests needs records in flight, not a flood, and the
+    # suite's time is mostly these loads.
+    chaos.load(1050)  # the whole load lands while the downstream fails
     # Part of the scenario, not a wait: the downstream fails for 20 seconds in all.
     time.sleep(max(0.0, 20 - (time.monotonic() - started)))
     chaos.recorder.status = 200
@@ -154,7 +161,9 @@ def test_downstream_failing_with_few_attempts_ends_dead_then_replay_gets_all_don
             lines__refund__backoff_max_s="0.5",
             alert_webhooks=json.dumps([{"kind": "generic", "url": f"{alerts.url}/alerts"}]),
         )
-        chaos.load()
+        # A smaller load: what this fault tests needs records in flight, not a flood, and the
+        # suite's time is mostly these loads.
+        chaos.load(1050)
         refunds = {a.record_id for a in chaos.ledger.accepted if a.line == "refund"}
         final = chaos.harness.wait_until_final(refunds, timeout_s=180)
         assert {r.status.value for r in final.values()} == {"dead"}
