@@ -57,9 +57,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     journal code."""
     mark_tiers(items)
     if hasattr(config, "workerinput"):
-        # A process of `pytest -n N` (they collect, the controller hands out): the `long`
-        # tests go first, beside the others.
-        items.sort(key=lambda item: item.get_closest_marker("long") is None)
+        # A process of `pytest -n N` (they collect, the controller hands out): the tests
+        # that load the machine go first, one after another on one process, and the `long`
+        # ones, so that no process waits alone for them at the end; the others take the
+        # rest meanwhile.
+        items.sort(
+            key=lambda item: (
+                item.get_closest_marker("loads_machine") is None,
+                item.get_closest_marker("long") is None,
+            )
+        )
     if not PG_ADMIN_URL:
         return
     once = pytest.mark.skip(
