@@ -10,7 +10,8 @@ from typing import Any
 from pydantic import BaseModel
 
 from app.errors import ConfigError, UnknownLine
-from app.settings import ENV_PREFIX, LineSettings, Settings, Sink, SinkKind
+from app.settings import ENV_PREFIX, LineSettings, Settings
+from app.sink_settings import Sink, SinkKind
 
 Handler = Callable[[Any], None]
 # A table-sink line's records per message unless its `batch_size` is set. Only records

@@ -39,14 +39,13 @@ def mark_tiers(items: list[pytest.Item]) -> None:
             continue
         if tier in TIERS:
             item.add_marker(getattr(pytest.mark, tier))
-        item.add_marker(pytest.mark.xdist_group(_run_group(tier, item)))
+        item.add_marker(pytest.mark.xdist_group(_run_group(item)))
 
 
-def _run_group(tier: str, item: pytest.Item) -> str:
+def _run_group(item: pytest.Item) -> str:
     """Which tests run one after another on one process under `pytest -n N`: those that
     load the machine (two at once would test the machine, not the pipeline), and the tests
     of one module (they may share a module's fixture)."""
-    del tier
     return "loads_machine" if item.get_closest_marker("loads_machine") else item.path.stem
 
 

@@ -23,7 +23,7 @@ from app.logs import get_logger
 from app.observe.alerts import Alerter
 from app.observe.events import Event
 from app.observe.telemetry import Counter, Telemetry
-from app.settings import SinkKind
+from app.sink_settings import SinkKind
 
 log = get_logger(__name__)
 

@@ -24,7 +24,7 @@ from app.clock import as_utc
 from app.errors import DeliveryFailed
 from app.journal.models import Record, order_status, orders, refunds, sink_rows
 from app.journal.store import among
-from app.settings import DeliveredStatuses
+from app.sink_settings import DeliveredStatuses
 
 # The table that keeps the newest status per order (not a payload per business number).
 ORDER_STATUS_TABLE = order_status.name

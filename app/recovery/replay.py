@@ -33,7 +33,7 @@ from app.lines import Line, LineRegistry
 from app.logs import get_logger
 from app.observe.alerts import Alerter
 from app.observe.events import Event
-from app.settings import CHECK_URL_ID, SinkKind
+from app.sink_settings import CHECK_URL_ID, SinkKind
 
 log = get_logger(__name__)
 
