@@ -113,9 +113,9 @@ def run_until_exit(
     argv: list[str], *, env: dict[str, str], cwd: Path, timeout_s: float
 ) -> tuple[int | None, str]:
     """Run `argv` in `cwd` until it exits or `timeout_s` passes; then it is asked to stop
-    (SIGTERM: `pipeline up` stops the children it started in their own sessions), and its
-    process group is killed. Returns its exit code (None: it was still running) and its
-    stderr."""
+    (SIGTERM: `pipeline up` stops its children, which are in process groups of their own),
+    and its process group is killed. Returns its exit code (None: it was still running)
+    and its stderr."""
     err_path = cwd / f"stderr-{time.monotonic_ns()}.txt"
     with err_path.open("wb") as err:
         process = subprocess.Popen(
