@@ -24,11 +24,15 @@ LOOPBACK_NAMES = frozenset({"localhost"})
 
 
 def is_loopback_address(host: str) -> bool:
-    """Whether `host` is an IP address of this machine's loopback (127.0.0.0/8, ::1)."""
+    """Whether `host` is an IP address of this machine's loopback (127.0.0.0/8, ::1, and
+    127.0.0.0/8 mapped into IPv6)."""
     try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
+        address = ipaddress.ip_address(host.strip("[]"))
     except ValueError:
         return False
+    # A dual-stack socket shows an IPv4 client as ::ffff:127.0.0.1.
+    mapped = getattr(address, "ipv4_mapped", None)
+    return address.is_loopback or (mapped is not None and mapped.is_loopback)
 
 
 def is_loopback_host(host: str) -> bool:
