@@ -62,6 +62,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         # Bytes fed to the parser since the headers we wait for began (None: we wait for
         # none; the parser is in a body, or the connection is done).
         self.header_bytes: int | None = 0
+        # When the headers we wait for began to be awaited (loop time; None: we wait for
+        # none). One timer per connection checks it: none is made per request.
+        self.headers_since: float | None = None
         self.header_timer: asyncio.TimerHandle | None = None
         # Bytes still to drop after a refusal (None: not refused).
         self.linger_bytes: int | None = None
@@ -70,11 +73,12 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        self._start_header_timer()
+        self.headers_since = self.loop.time()
+        self._check_header_time_in(self.header_timeout_s)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_header_timer()
-        self.header_bytes = None
+        self.header_bytes = self.headers_since = None
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
@@ -105,42 +109,42 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         super().on_message_begin()
         if self.header_bytes is None:
             self.header_bytes = 0
-        if self.header_timer is None:
-            self._start_header_timer()
+        if self.headers_since is None:
+            self.headers_since = self.loop.time()
 
     def on_headers_complete(self) -> None:
-        self.header_bytes = None
-        self._cancel_header_timer()
+        self.header_bytes = self.headers_since = None
         super().on_headers_complete()
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
-        self.header_bytes = 0  # the next request's headers, if any, count from here
-
-    def on_response_complete(self) -> None:
-        super().on_response_complete()
-        # Idle between requests is the keep-alive timeout's to end, not ours.
-        self._cancel_header_timer()
+        # The next request's headers, if any, count from here; its time from its first
+        # byte (idle time between requests is the keep-alive timeout's to end).
+        self.header_bytes = 0
 
     # The refusals.
 
-    def _start_header_timer(self) -> None:
-        self._cancel_header_timer()
-        self.header_timer = self.loop.call_later(self.header_timeout_s, self._headers_too_slow)
+    def _check_header_time_in(self, delay_s: float) -> None:
+        self.header_timer = self.loop.call_later(delay_s, self._check_header_time)
 
     def _cancel_header_timer(self) -> None:
         if self.header_timer is not None:
             self.header_timer.cancel()
             self.header_timer = None
 
-    def _headers_too_slow(self) -> None:
+    def _check_header_time(self) -> None:
         self.header_timer = None
-        if self.header_bytes is None or self.transport.is_closing():
+        if self.transport.is_closing():
+            return
+        since = self.headers_since
+        waited_s = 0.0 if since is None else self.loop.time() - since
+        if waited_s < self.header_timeout_s:
+            self._check_header_time_in(self.header_timeout_s - waited_s)
             return
         if (self.cycle is not None and not self.cycle.response_complete) or self.pipeline:
             # A request before it is still being answered, and reading may be paused until
             # it is: the wait is ours, not the client's.
-            self._start_header_timer()
+            self._check_header_time_in(self.header_timeout_s)
             return
         self._refuse(
             RequestTimeout(f"the request's headers did not arrive within {self.header_timeout_s} s")
@@ -148,7 +152,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def _refuse(self, exc: PipelineError) -> None:
         """Answer `exc` (unless a response is under way on this connection) and close."""
-        self.header_bytes = None
+        self.header_bytes = self.headers_since = None
         self._cancel_header_timer()
         if self.cycle is not None and not self.cycle.response_complete:
             self.transport.close()
