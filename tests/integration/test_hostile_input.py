@@ -12,6 +12,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import httpx
 import pytest
@@ -234,6 +235,36 @@ def test_several_intake_processes_cut_headers_off_while_read_too(harness):
     assert json_error(answer)["code"] == "headers_too_large"
     _sent, closed = flood_one_header(port)
     assert closed
+
+
+def test_requests_one_after_another_and_pipelined_on_one_connection_are_all_answered(intake):
+    """The header limit counts each request's headers afresh: a connection may carry many."""
+
+    def signed(n: int) -> bytes:
+        body = b'{"business_no": "KEPT-%d"}' % n
+        return request_head(signed_headers(KEY_ID, SECRET, body), length=len(body)) + body
+
+    def statuses(answers: BinaryIO, count: int) -> list[int]:
+        found = []
+        for _ in range(count):
+            found.append(status_of(answers.readline()))
+            length = 0
+            while (line := answers.readline()) not in (b"\r\n", b""):
+                name, _, value = line.partition(b":")
+                if name.strip().lower() == b"content-length":
+                    length = int(value)
+            answers.read(length)
+        return found
+
+    with (
+        socket.create_connection(("127.0.0.1", intake), timeout=10) as sock,
+        sock.makefile("rb") as answers,
+    ):
+        for n in range(3):
+            sock.sendall(signed(n))
+            assert statuses(answers, 1) == [202]
+        sock.sendall(signed(3) + signed(4))  # two requests in one write
+        assert statuses(answers, 2) == [202, 202]
 
 
 def test_a_request_whose_headers_never_end_is_closed_after_the_header_timeout(intake):
