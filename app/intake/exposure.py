@@ -74,8 +74,8 @@ def check_bind_host(settings: Settings, host: str) -> None:
     """Raises `ConfigError` when the intake is in dev mode and `host` is not loopback."""
     if settings.in_dev_mode and not is_loopback_address(host):
         raise ConfigError(
-            f"PIPELINE_INTAKE_HOST: dev mode (no PIPELINE_INTAKE_KEYS) listens on 127.0.0.1 "
-            f"only, not {host!r}; set PIPELINE_INTAKE_KEYS to listen there"
+            f"PIPELINE_INTAKE_HOST (or --host): dev mode (no PIPELINE_INTAKE_KEYS) listens "
+            f"on 127.0.0.1 only, not {host!r}; set PIPELINE_INTAKE_KEYS to listen there"
         )
 
 
