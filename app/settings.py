@@ -195,7 +195,7 @@ class Settings(BaseSettings):
     intake_keep_alive_seconds: int = Field(default=5, ge=1)
     intake_max_header_bytes: int = Field(default=16 * 1024, ge=1024)
     # A connection whose request line and headers have not all arrived this long after it
-    # opened (or after its previous request began) is closed.
+    # opened (on a kept-alive connection: after the next request's first byte) is closed.
     intake_header_timeout_seconds: float = Field(default=10, gt=0)
     timestamp_window_seconds: int = Field(default=300, ge=1)
     alert_webhooks: list[WebhookSettings] = Field(default_factory=list)
