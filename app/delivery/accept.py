@@ -68,6 +68,9 @@ class Acceptor:
     pusher: Pusher
     alerts: Alerter
     lines: LineRegistry
+    # Told the name of a line whose new records were deferred behind older ones while its
+    # queue had room: something should push the older ones now (the intake's drain).
+    on_room_behind: Callable[[str], None] | None = None
 
     def accept(
         self,
@@ -155,12 +158,15 @@ class Acceptor:
     ) -> list[Acceptance]:
         """Push `admitted` onto `line`'s queue; the overflow follows `policy`. Adds the ids
         pushed to `enqueued` under their epoch."""
+        defers = policy is Overflow.DEFER
         try:
             pushed = self.pusher.push(
                 line.queue,
                 [r.id for r in admitted],
                 max_length=line.settings.max_queue_length,
                 batch_size=line.batch_size,
+                behind=defers,
+                keeps_left=defers,
             )
         except BrokerUnavailable as exc:
             log.warning("broker_down_records_kept", line=line.name, error=str(exc))
@@ -173,11 +179,15 @@ class Acceptor:
             Acceptance(record=r, status=RecordStatus.ENQUEUED, created=True) for r in on_queue
         ]
         decision = decide_overflow(policy)
+        room = pushed.depth < line.settings.max_queue_length
+        if pushed.behind and room and self.on_room_behind is not None:
+            self.on_room_behind(line.name)
+        state = "has records waiting in the journal" if pushed.behind and room else "is full"
         for _record in overflow:
             self.alerts.raise_event(
                 Event.QUEUE_FULL,
                 line=line.name,
-                message=f"queue {line.queue!r} is full ({pushed.depth}/"
+                message=f"queue {line.queue!r} {state} ({pushed.depth}/"
                 f"{line.settings.max_queue_length}); policy {policy.value}",
                 depth=pushed.depth,
                 limit=line.settings.max_queue_length,

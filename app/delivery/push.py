@@ -31,9 +31,19 @@ TASK_NAME = "pipeline.process"
 # and would change on a restart that kept its data through the append-only file.)
 EPOCH_KEY = "pipeline:epoch"
 
-# KEYS[1]: the queue, KEYS[2]: the epoch key. ARGV[1]: the bound, ARGV[2]: an epoch to use if
-# none exists, ARGV[3..]: messages, pushed in order while room remains.
-# Returns {pushed, depth after, epoch}.
+# A line's records wait in the journal (`deferred`) while this key exists: it holds the
+# Redis time, in ms, of the last push that left records behind. Pushes of new records
+# (`behind` mode) then push nothing, so that none overtakes those waiting; the sweeper (and
+# the intake's drain) push the waiting ones oldest first, and remove the key once a pass
+# found none left and no push has left any for `quiet_ms` (so that a record whose move to
+# `deferred` is being committed is not overtaken either).
+DEFERRED_KEY = "pipeline:deferred:{queue}"
+
+# KEYS[1]: the queue, KEYS[2]: the epoch key, KEYS[3]: the queue's deferred key.
+# ARGV[1]: the bound, ARGV[2]: an epoch to use if none exists, ARGV[3]: "1" to push nothing
+# while the deferred key exists, ARGV[4]: "1" to set the deferred key when records are left,
+# ARGV[5..]: messages, pushed in order while room remains.
+# Returns {pushed, depth after, epoch, 1 if nothing was pushed for the deferred key}.
 _PUSH_BOUNDED = """
 local epoch = redis.call('GET', KEYS[2])
 if not epoch then
@@ -41,14 +51,36 @@ if not epoch then
     redis.call('SET', KEYS[2], epoch)
 end
 local depth = redis.call('LLEN', KEYS[1])
+local behind = 0
 local room = tonumber(ARGV[1]) - depth
+if ARGV[3] == '1' and redis.call('EXISTS', KEYS[3]) == 1 then
+    behind = 1
+    room = 0
+end
 local pushed = 0
-for i = 3, #ARGV do
+for i = 5, #ARGV do
     if pushed >= room then break end
     redis.call('LPUSH', KEYS[1], ARGV[i])
     pushed = pushed + 1
 end
-return {pushed, depth + pushed, epoch}
+if ARGV[4] == '1' and pushed < #ARGV - 4 then
+    local now = redis.call('TIME')
+    redis.call('SET', KEYS[3], now[1] * 1000 + math.floor(now[2] / 1000))
+end
+return {pushed, depth + pushed, epoch, behind}
+"""
+
+# KEYS[1]: a queue's deferred key. ARGV[1]: quiet_ms. Removes the key when no push has left
+# records behind for that long. Returns 1 if the key is gone.
+_SETTLE_DEFERRED = """
+local since = redis.call('GET', KEYS[1])
+if not since then return 1 end
+local now = redis.call('TIME')
+if now[1] * 1000 + math.floor(now[2] / 1000) - tonumber(since) < tonumber(ARGV[1]) then
+    return 0
+end
+redis.call('DEL', KEYS[1])
+return 1
 """
 
 # KEYS[1]: the queue, KEYS[2]: kombu's hash of delivered, unacked messages. One reply, so
@@ -70,11 +102,13 @@ return redis.call('GET', KEYS[1])
 @dataclass(frozen=True, kw_only=True)
 class PushResult:
     """How many of the records went onto the queue (the first `pushed`), its depth in
-    messages, and the epoch they were pushed in."""
+    messages, the epoch they were pushed in, and whether none was pushed because older
+    records of the line wait in the journal (`behind`)."""
 
     pushed: int
     depth: int
     epoch: str
+    behind: bool = False
 
 
 @functools.lru_cache(maxsize=256)
@@ -194,13 +228,25 @@ class Pusher:
         self._script = client.register_script(_PUSH_BOUNDED)
         self._epoch_script = client.register_script(_CURRENT_EPOCH)
         self._present_script = client.register_script(_WAITING_AND_HELD)
+        self._settle_script = client.register_script(_SETTLE_DEFERRED)
         self._origin = f"{os.getpid()}@{socket.gethostname()}"
 
     def push(
-        self, queue: str, record_ids: Sequence[str], *, max_length: int, batch_size: int = 1
+        self,
+        queue: str,
+        record_ids: Sequence[str],
+        *,
+        max_length: int,
+        batch_size: int = 1,
+        behind: bool = False,
+        keeps_left: bool = False,
     ) -> PushResult:
         """Push the messages of `record_ids` onto `queue` while it holds fewer than
         `max_length` messages, `batch_size` records to a message. `pushed` counts records.
+
+        `behind`: new records, which push nothing while older ones of the line wait in the
+        journal. `keeps_left`: the caller keeps what is not pushed in the journal for the
+        sweeper (`deferred`, `failed`), so newer records must wait behind it.
 
         Raises `BrokerUnavailable` when Redis cannot be reached."""
         if not record_ids:
@@ -208,13 +254,32 @@ class Pusher:
         args = batches(record_ids, batch_size)
         messages = [build_message(arg, queue=queue, origin=self._origin) for arg in args]
         try:
-            pushed, depth, epoch = self._script(
-                keys=[queue, EPOCH_KEY], args=[max_length, str(uuid.uuid4()), *messages]
+            pushed, depth, epoch, waiting = self._script(
+                keys=[queue, EPOCH_KEY, DEFERRED_KEY.format(queue=queue)],
+                args=[
+                    max_length,
+                    str(uuid.uuid4()),
+                    "1" if behind else "0",
+                    "1" if keeps_left else "0",
+                    *messages,
+                ],
             )
         except redis.RedisError as exc:
             raise BrokerUnavailable(f"push to {queue!r} failed: {exc}") from exc
         records = sum(1 if isinstance(arg, str) else len(arg) for arg in args[: int(pushed)])
-        return PushResult(pushed=records, depth=int(depth), epoch=as_text(epoch))
+        return PushResult(
+            pushed=records, depth=int(depth), epoch=as_text(epoch), behind=bool(waiting)
+        )
+
+    def settle_deferred(self, queue: str, *, quiet_ms: int) -> bool:
+        """Let new records of `queue` be pushed again: called once a pass found nothing of
+        the line left waiting in the journal. Keeps them behind while a push left records
+        within `quiet_ms`. Whether they are free. Raises `BrokerUnavailable`."""
+        try:
+            key = DEFERRED_KEY.format(queue=queue)
+            return bool(self._settle_script(keys=[key], args=[quiet_ms]))
+        except redis.RedisError as exc:
+            raise BrokerUnavailable(f"settling {queue!r} failed: {exc}") from exc
 
     def epoch(self) -> str:
         """The current epoch (made now if Redis has none). Raises `BrokerUnavailable`."""

@@ -208,6 +208,7 @@ class Replayer:
                 [r.id for r in ours],
                 max_length=line.settings.max_queue_length,
                 batch_size=line.batch_size,
+                keeps_left=True,
             )
             pushed = [r.id for r in ours[: outcome.pushed]]
             left = [r.id for r in ours[outcome.pushed :]]

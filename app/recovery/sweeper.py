@@ -27,6 +27,11 @@ from app.observe.telemetry import Counter, Telemetry
 
 log = get_logger(__name__)
 
+# New records of a line go on waiting behind its deferred ones until no push has left any
+# for this long: longer than a push's records take to be committed as `deferred`, so
+# that none of those is overtaken.
+DEFERRED_QUIET_MS = 1000
+
 
 @dataclass(kw_only=True)
 class SweepResult:
@@ -86,6 +91,20 @@ class Sweeper:
             )
         return result
 
+    def drain(self, line_name: str, *, now: datetime) -> int:
+        """The sweep of one line, now: what the intake asks for when new records of the line
+        wait behind older ones while its queue has room. Returns how many were pushed.
+
+        Raises `JournalUnavailable` and `BrokerUnavailable`."""
+        result = SweepResult()
+        self._sweep_line(
+            self.lines.get(line_name), epoch=self.pusher.epoch(), now=now, result=result
+        )
+        pushed = result.enqueued.get(line_name, 0)
+        if pushed:
+            self.telemetry.count(Counter.SWEEP_ENQUEUED, pushed, line=line_name)
+        return pushed
+
     def _sweep_line(self, line: Line, *, epoch: str, now: datetime, result: SweepResult) -> None:
         budget = self.max_per_run
         while budget > 0:
@@ -105,6 +124,8 @@ class Sweeper:
                     limit=limit,
                 )
             if not claimed:
+                # Nothing of the line waits in the journal: its new records may be pushed.
+                self.pusher.settle_deferred(line.queue, quiet_ms=DEFERRED_QUIET_MS)
                 return
             budget -= len(claimed)
             pushed = push_claimed(self.journal, self.pusher, line, claimed, now=now)
@@ -124,6 +145,7 @@ def push_claimed(
             [r.id for r in claimed],
             max_length=line.settings.max_queue_length,
             batch_size=line.batch_size,
+            keeps_left=True,
         )
     except BrokerUnavailable:
         with journal.transaction() as conn:
