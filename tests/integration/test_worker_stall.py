@@ -14,6 +14,7 @@ from app.observe.liveness import live_workers
 from tests.support.harness import Harness
 from tests.support.processes import wait_for
 from tests.support.recorder import Recorder
+from tests.support.stall import DETACH_BUSINESS_NO
 
 pytestmark = pytest.mark.journal_independent
 
@@ -86,3 +87,27 @@ def test_a_cancelled_consumer_raises_worker_stalled_and_its_records_end_done(
         timeout_s=10,
         what="the worker to count as live again",
     )
+
+
+def test_a_consumer_subscribed_but_fetching_nothing_reconnects_and_its_records_end_done(
+    harness: Harness, hooks: Recorder
+) -> None:
+    harness.configure(lines__order__handler="tests.support.stall:detach_fetch")
+    client = harness.start_intake()
+    harness.start_worker("order")
+    detach = client.post("/v1/order", json={"business_no": DETACH_BUSINESS_NO}).json()["id"]
+    harness.wait_until_final({detach}, timeout_s=30)
+
+    ids = set()
+    for n in range(3):
+        response = client.post("/v1/order", json={"business_no": f"STALL-{n}"})
+        assert response.status_code == 202
+        ids.add(response.json()["id"])
+
+    wait_for(lambda: _alerts(hooks, "WORKER_STALLED"), timeout_s=60, what="WORKER_STALLED")
+    alert = _alerts(hooks, "WORKER_STALLED")[0]
+    assert alert["details"]["consuming"] is True
+    assert alert["details"]["queue_depth"] >= 1
+
+    finished = harness.wait_until_final(ids, timeout_s=60)
+    assert {record.status.value for record in finished.values()} == {"done"}
