@@ -1,11 +1,11 @@
 """What the worker's main process sees of its Celery consumer, and restarting it.
 
 Celery's consumer sends `task_received` in the main process for every message it takes,
-before the pool runs it: counted per queue, that is the consumer's progress, which the
-heartbeat thread reads (`workers.heartbeat`). Everything here that touches the consumer
-from that thread only reads it, or hands a call to the consumer's own event loop
-(`Consumer.call_soon`, as Celery's remote control does): the loop is the one place the
-consumer is changed."""
+before the pool runs it (`task_rejected` or `task_unknown` for one it refuses): counted
+per queue, that is the consumer's progress, which the heartbeat thread reads
+(`workers.heartbeat`). What that thread does to the consumer is read it, or hand a call to
+the consumer's own event loop (`Consumer.call_soon`, as Celery's remote control does): the
+loop is the one place the consumer is changed."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from collections import Counter
 from typing import Any
 
 from celery import bootsteps
-from celery.signals import task_received
+from celery.signals import task_received, task_rejected, task_unknown
 from celery.worker import state
 
 from app.logs import get_logger
@@ -26,19 +26,26 @@ _lock = threading.Lock()
 _taken: Counter[str | None] = Counter()
 
 
-def _count_taken(sender: Any = None, request: Any = None, **_kwargs: Any) -> None:
-    info = getattr(request, "delivery_info", None) or {}
+def _count_taken(
+    sender: Any = None, request: Any = None, message: Any = None, **_kwargs: Any
+) -> None:
+    """One message taken off its queue: a task's, or one the consumer refused."""
+    source = request if request is not None else message
+    info = getattr(source, "delivery_info", None) or {}
     queue = info.get("routing_key")
     with _lock:
         _taken[queue if isinstance(queue, str) else None] += 1
 
 
-task_received.connect(_count_taken, weak=False)
+# A message the consumer refuses (unknown task, bad body) is taken all the same.
+for _signal in (task_received, task_rejected, task_unknown):
+    _signal.connect(_count_taken, weak=False)
 
 
 class RestartConnection(ConnectionError):
     """Raised on the consumer's event loop to make Celery restart the consumer's connection
-    (its own recovery from a lost connection)."""
+    (its own recovery from a lost connection). Not in the pipeline's error tree: it never
+    leaves Celery's consumer, which catches it as one of the transport's connection errors."""
 
 
 class ConsumerProbe:

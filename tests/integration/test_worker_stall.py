@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from app.celery_app import create_celery
-from app.observe.liveness import live_workers
+from app.observe.liveness import heartbeat_key, live_workers
 from tests.support.harness import Harness
 from tests.support.processes import wait_for
 from tests.support.recorder import Recorder
@@ -111,3 +111,36 @@ def test_a_consumer_subscribed_but_fetching_nothing_reconnects_and_its_records_e
 
     finished = harness.wait_until_final(ids, timeout_s=60)
     assert {record.status.value for record in finished.values()} == {"done"}
+
+
+def test_a_worker_whose_slots_are_all_held_by_long_tasks_is_busy_not_stalled(
+    harness: Harness, hooks: Recorder
+) -> None:
+    harness.configure(lines__order__handler="tests.support.stall:hold")
+    client = harness.start_intake()
+    harness.start_worker("order", pool="prefork", concurrency=2)
+    rt = harness.runtime()
+    ids = set()
+    for n in range(4):
+        response = client.post("/v1/order", json={"business_no": f"LONG-{n}"})
+        assert response.status_code == 202
+        ids.add(response.json()["id"])
+
+    def beat() -> dict[str, Any]:
+        """The worker's heartbeat, stalled or not."""
+        for key in rt.redis.scan_iter(match=heartbeat_key("order", "*")):
+            raw = rt.redis.get(key)
+            return dict(json.loads(raw)) if raw else {}
+        return {}
+
+    def busy_with_work_waiting() -> bool:
+        consumer = beat().get("consumer", {})
+        return consumer.get("held") == 2 and consumer.get("slots") == 2
+
+    # Both slots held by 4 s tasks while two messages wait: past the 2 s threshold, and
+    # still live and quiet.
+    wait_for(busy_with_work_waiting, timeout_s=30, what="a heartbeat with both slots held")
+    finished = harness.wait_until_final(ids, timeout_s=60)
+    assert {record.status.value for record in finished.values()} == {"done"}
+    assert not _alerts(hooks, "WORKER_STALLED")
+    assert beat()["stalled"] is False

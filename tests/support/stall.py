@@ -9,6 +9,7 @@ messages."""
 from __future__ import annotations
 
 import gc
+import time
 
 from celery.worker.consumer.consumer import Consumer
 
@@ -26,3 +27,13 @@ def detach_fetch(record: Record) -> None:
     for queue in task_consumer.queues:
         # Behind the consumer's back: it keeps the tag, the channel no longer fetches.
         task_consumer.channel.basic_cancel(task_consumer._active_tags[queue.name])
+
+
+# Longer than the stall threshold the tests set (2 s), so that waiting messages outlast it
+# while every slot is held.
+HOLD_S = 4.0
+
+
+def hold(record: Record) -> None:
+    """A long task: holds its pool slot for `HOLD_S`."""
+    time.sleep(HOLD_S)
