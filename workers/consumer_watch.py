@@ -53,6 +53,14 @@ class ConsumerProbe:
 
     def __init__(self, consumer: Any) -> None:
         self.consumer = consumer
+        # Restarts handed to the event loop, and those it ran: a loop that runs none of
+        # them is stuck itself, which a restart of the consumer cannot cure.
+        self.restarts_asked = 0
+        self.restarts_run = 0
+
+    @property
+    def restarts_pending(self) -> int:
+        return self.restarts_asked - self.restarts_run
 
     def taken(self, queue: str) -> int:
         """Messages the consumer took from `queue` since the worker started (with those
@@ -90,16 +98,19 @@ class ConsumerProbe:
         does); one that is subscribed but takes nothing reconnects, as Celery does when it
         loses its connection (the messages it holds go back to their queue, and the lease
         of each record keeps a second attempt from starting while the first runs)."""
+        self.restarts_asked += 1
         if consuming:
             self.consumer.call_soon(self._reconnect, queue)
         else:
             self.consumer.call_soon(self._resubscribe, queue)
 
     def _resubscribe(self, queue: str) -> None:
+        self.restarts_run += 1
         self.consumer.add_task_queue(queue)
         log.warning("consumer_restarted", queue=queue, how="resubscribed")
 
     def _reconnect(self, queue: str) -> None:
+        self.restarts_run += 1
         # RUN is missing from celery-types' stub of bootsteps; it is in Celery since 3.x.
         if self.consumer.blueprint.state != bootsteps.RUN:  # type: ignore[attr-defined]
             return  # shutting down: the loop runs what is left of its callbacks

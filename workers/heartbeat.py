@@ -94,6 +94,9 @@ class Heartbeat:
     ) -> None:
         starved_s = seen.starved_s(now_s=now_s)
         how = "reconnecting it" if sample.consuming else "subscribing it to the queue again"
+        pending = self.probe.restarts_pending
+        if pending:
+            how += f"; {pending} earlier restart(s) still wait for its event loop, which is stuck"
         self.alerts.raise_event(
             Event.WORKER_STALLED,
             line=line,
@@ -108,6 +111,7 @@ class Heartbeat:
             held=sample.held,
             slots=sample.slots,
             restart=seen.restarts + 1,
+            restarts_pending=pending,
         )
         self.probe.restart(line, consuming=sample.consuming)
 

@@ -7,7 +7,7 @@ import pytest
 
 from app.clock import utcnow
 from app.observe.events import Event
-from app.observe.liveness import ConsumerReport, publish_heartbeat, stalled_workers
+from app.observe.liveness import ConsumerReport, heartbeat_key, publish_heartbeat, stalled_workers
 from tests.support.harness import Harness
 
 pytestmark = pytest.mark.journal_independent
@@ -46,3 +46,7 @@ def test_a_worker_whose_heartbeat_says_stalled_is_not_live_for_the_lines_view_an
     assert live() == 0
     assert stalled_workers(rt.redis, "order") == ["order@a"]
     assert Event.NO_CONSUMER in rt.monitor.monitor(now=utcnow())
+
+    # A worker of the version before stalls were told publishes no `stalled`: live.
+    rt.redis.set(heartbeat_key("order", "order@b"), '{"hostname": "order@b", "pid": 2}', px=60_000)
+    assert live() == 1

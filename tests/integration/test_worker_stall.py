@@ -77,6 +77,7 @@ def test_a_cancelled_consumer_raises_worker_stalled_and_its_records_end_done(
     assert alert["details"]["hostname"].startswith("order@")
     assert alert["details"]["queue_depth"] >= 1
     assert alert["details"]["consuming"] is False
+    assert alert["details"]["restarts_pending"] == 0
 
     finished = harness.wait_until_final(ids, timeout_s=60)
     assert {record.status.value for record in finished.values()} == {"done"}
