@@ -96,8 +96,11 @@ class PipelineScheduler(Scheduler):
                 message=f"beat {self.lock.identity} took over from {took_over_from}",
                 previous=took_over_from,
             )
+        active_since = self.lock.active_since()
+        if active_since is None:  # held, but the renewal took longer than the TTL
+            return 1.0
         try:
-            self.runtime.firer.fire_due(now=utcnow())
+            self.runtime.firer.fire_due(now=utcnow(), active_since=active_since)
         except PipelineError as exc:
             log.warning("schedules_failed", error=str(exc))
         return max(0.0, min(self.maintenance.run_due(), 1.0))
