@@ -1,8 +1,10 @@
-"""One active beat: a Redis lock with a short TTL, renewed every tick.
+"""One active beat: a Redis lock with a short TTL, renewed on its own thread.
 
-A standby tries on every tick for as long as it runs, and takes over within one TTL of the
-holder's death. A holder that cannot renew stops firing at once. The beat counts as
-holding the lock only until one TTL after its last renewal was sent."""
+`Renewer` renews the lock (or, standing by, tries to take it) every `renew_every_s`, on
+its own thread: neither a slow fire nor a long maintenance run delays it. A standby takes
+over within one TTL of the holder's death. The beat counts as holding the lock only until
+one TTL after its last renewal was sent, so a renewal that hangs stops the firing and the
+maintenance before another beat can take over."""
 
 from __future__ import annotations
 
@@ -47,8 +49,8 @@ return {0, holder}
 
 
 class BeatLock:
-    """This beat's side of the lock. `hold` is called from one thread; `active_since`
-    may be read from any."""
+    """This beat's side of the lock. `hold` is called from one thread (the `Renewer`'s);
+    `active_since` may be read from any."""
 
     def __init__(
         self,
@@ -122,3 +124,45 @@ class BeatLock:
             self.client.eval(_RELEASE, 1, LOCK_KEY, self.identity)
         except redis.RedisError:
             return
+
+
+class Renewer:
+    """Calls `lock.hold()` at once, then every `every_s`, on its own daemon thread, and
+    hands each result to `on_result(held, took_over_from)` (which must not raise)."""
+
+    def __init__(
+        self,
+        lock: BeatLock,
+        *,
+        every_s: float,
+        on_result: Callable[[bool, str | None], None],
+    ) -> None:
+        self._lock = lock
+        self._every_s = every_s
+        self._on_result = on_result
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="beat-lock", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            try:
+                held, took_over_from = self._lock.hold()
+            except Exception:
+                # Not held: `active_since` lapses one TTL after the last renewal. The
+                # thread goes on, so the beat holds the lock again once this passes.
+                log.exception("beat_lock_renewal_crashed")
+            else:
+                self._on_result(held, took_over_from)
+            if self._stopping.wait(self._every_s):
+                return
+
+    def stop(self, *, timeout_s: float) -> bool:
+        """Stop renewing; returns whether the thread has ended within `timeout_s` (a
+        renewal under way may wait for Redis up to its socket timeout)."""
+        self._stopping.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=timeout_s)
+        return not self._thread.is_alive()
