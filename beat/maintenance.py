@@ -79,8 +79,9 @@ class MaintenanceThread:
     A job under way when the lock is lost runs to its end (a database transaction is not
     cut off from another thread); no other job starts after it, and the thread ends.
     `ensure_running` starts a thread only when none is alive, so two maintenance runs of
-    one beat never overlap; each new thread runs its first job one interval after it
-    starts, as after a takeover."""
+    one beat never overlap. The jobs' timing outlives the threads: a beat that loses the
+    lock and takes it again runs what fell due meanwhile, and an hourly job is not put
+    off by each loss."""
 
     def __init__(
         self,
@@ -90,10 +91,9 @@ class MaintenanceThread:
         stopping: threading.Event,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._jobs = list(jobs)
+        self._maintenance = Maintenance(jobs, clock=clock, start_s=clock())
         self._active = active
         self._stopping = stopping
-        self._clock = clock
         self._thread: threading.Thread | None = None
 
     def _go_on(self) -> bool:
@@ -107,9 +107,8 @@ class MaintenanceThread:
         self._thread.start()
 
     def _run(self) -> None:
-        maintenance = Maintenance(self._jobs, clock=self._clock, start_s=self._clock())
         while self._go_on():
-            wait_s = maintenance.run_due(go_on=self._go_on)
+            wait_s = self._maintenance.run_due(go_on=self._go_on)
             self._stopping.wait(min(max(wait_s, 0.0), CHECK_EVERY_S))
         log.info("maintenance_stopped", lock_held=self._active())
 

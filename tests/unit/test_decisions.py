@@ -123,7 +123,9 @@ def test_a_job_whose_turn_comes_after_the_lock_was_lost_does_not_run():
 
 def test_maintenance_ends_after_the_job_under_way_when_the_lock_is_lost_and_never_overlaps():
     """A job holds until the test lets it go; meanwhile the lock is lost and taken again,
-    and the beat asks for maintenance on every tick: still one run at a time."""
+    and the beat asks for maintenance on every tick: still one run at a time. Once the
+    lock is lost the thread ends after the job; taken again, the jobs go on where they
+    were."""
     held, release, stopping = [True], threading.Event(), threading.Event()
     running, overlaps, started = [0], [0], threading.Event()
 
@@ -153,7 +155,13 @@ def test_maintenance_ends_after_the_job_under_way_when_the_lock_is_lost_and_neve
     release.set()
     assert thread.join(timeout_s=10)
     assert (overlaps, running) == ([0], [0])
+    # Taken again a second later: the job, due by the timing kept across threads, runs.
+    started.clear()
+    held[0], clock_s[0] = True, 2.0
+    thread.ensure_running()
+    assert started.wait(timeout=10)
     stopping.set()
+    assert thread.join(timeout_s=10)
 
 
 @pytest.mark.parametrize(
