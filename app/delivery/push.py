@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import redis
 
+from app.delivery.waiting import BEHIND_KEY, LEAVING_EXPIRY_MS, LEAVING_KEY, Waiting
 from app.errors import BrokerUnavailable
 from app.redis_client import as_text
 
@@ -31,19 +32,12 @@ TASK_NAME = "pipeline.process"
 # and would change on a restart that kept its data through the append-only file.)
 EPOCH_KEY = "pipeline:epoch"
 
-# A line's records wait in the journal (`deferred`) while this key exists: it holds the
-# Redis time, in ms, of the last push that left records behind. Pushes of new records
-# (`behind` mode) then push nothing, so that none overtakes those waiting; the sweeper (and
-# the intake's drain) push the waiting ones oldest first, and remove the key once a pass
-# found none left and no push has left any for `quiet_ms` (so that a record whose move to
-# `deferred` is being committed is not overtaken either).
-DEFERRED_KEY = "pipeline:deferred:{queue}"
-
-# KEYS[1]: the queue, KEYS[2]: the epoch key, KEYS[3]: the queue's deferred key.
-# ARGV[1]: the bound, ARGV[2]: an epoch to use if none exists, ARGV[3]: "1" to push nothing
-# while the deferred key exists, ARGV[4]: "1" to set the deferred key when records are left,
-# ARGV[5..]: messages, pushed in order while room remains.
-# Returns {pushed, depth after, epoch, 1 if nothing was pushed for the deferred key}.
+# KEYS[1]: the queue, KEYS[2]: the epoch key, KEYS[3]: the queue's behind key, KEYS[4]: its
+# leaving set (`app.delivery.waiting`). ARGV[1]: the bound, ARGV[2]: an epoch to use if none
+# exists, ARGV[3]: "1" to push nothing while the behind key exists, ARGV[4]: a token to
+# record in the leaving set if records are left out ("" for none), ARGV[5]: its expiry in ms,
+# ARGV[6..]: messages, pushed in order while room remains.
+# Returns {pushed, depth after, epoch, 1 if nothing was pushed for the behind key}.
 _PUSH_BOUNDED = """
 local epoch = redis.call('GET', KEYS[2])
 if not epoch then
@@ -58,29 +52,21 @@ if ARGV[3] == '1' and redis.call('EXISTS', KEYS[3]) == 1 then
     room = 0
 end
 local pushed = 0
-for i = 5, #ARGV do
+for i = 6, #ARGV do
     if pushed >= room then break end
     redis.call('LPUSH', KEYS[1], ARGV[i])
     pushed = pushed + 1
 end
-if ARGV[4] == '1' and pushed < #ARGV - 4 then
+if ARGV[4] ~= '' and pushed < #ARGV - 5 then
     local now = redis.call('TIME')
-    redis.call('SET', KEYS[3], now[1] * 1000 + math.floor(now[2] / 1000))
+    local now_ms = now[1] * 1000 + math.floor(now[2] / 1000)
+    redis.call('ZADD', KEYS[4], now_ms + tonumber(ARGV[5]), ARGV[4])
+    if behind == 0 then
+        -- The bound left them out: newer records must wait behind them.
+        redis.call('SET', KEYS[3], ARGV[4])
+    end
 end
 return {pushed, depth + pushed, epoch, behind}
-"""
-
-# KEYS[1]: a queue's deferred key. ARGV[1]: quiet_ms. Removes the key when no push has left
-# records behind for that long. Returns 1 if the key is gone.
-_SETTLE_DEFERRED = """
-local since = redis.call('GET', KEYS[1])
-if not since then return 1 end
-local now = redis.call('TIME')
-if now[1] * 1000 + math.floor(now[2] / 1000) - tonumber(since) < tonumber(ARGV[1]) then
-    return 0
-end
-redis.call('DEL', KEYS[1])
-return 1
 """
 
 # KEYS[1]: the queue, KEYS[2]: kombu's hash of delivered, unacked messages. One reply, so
@@ -103,12 +89,14 @@ return redis.call('GET', KEYS[1])
 class PushResult:
     """How many of the records went onto the queue (the first `pushed`), its depth in
     messages, the epoch they were pushed in, and whether none was pushed because older
-    records of the line wait in the journal (`behind`)."""
+    records of the line wait in the journal (`behind`). `leaving`: the token to give
+    `Waiting.left_kept` once the records left out are kept in the journal."""
 
     pushed: int
     depth: int
     epoch: str
     behind: bool = False
+    leaving: str | None = None
 
 
 @functools.lru_cache(maxsize=256)
@@ -228,7 +216,7 @@ class Pusher:
         self._script = client.register_script(_PUSH_BOUNDED)
         self._epoch_script = client.register_script(_CURRENT_EPOCH)
         self._present_script = client.register_script(_WAITING_AND_HELD)
-        self._settle_script = client.register_script(_SETTLE_DEFERRED)
+        self.waiting = Waiting(client)
         self._origin = f"{os.getpid()}@{socket.gethostname()}"
 
     def push(
@@ -245,22 +233,30 @@ class Pusher:
         `max_length` messages, `batch_size` records to a message. `pushed` counts records.
 
         `behind`: new records, which push nothing while older ones of the line wait in the
-        journal. `keeps_left`: the caller keeps what is not pushed in the journal for the
-        sweeper (`deferred`, `failed`), so newer records must wait behind it.
+        journal. `keeps_left`: the caller keeps what is not pushed in the journal, to be
+        pushed later (`deferred`, `failed`): newer records then wait behind it, and the
+        caller gives `leaving` to `self.waiting.left_kept` once its journal says so.
 
         Raises `BrokerUnavailable` when Redis cannot be reached."""
         if not record_ids:
             return PushResult(pushed=0, depth=self.depth(queue), epoch=self.epoch())
         args = batches(record_ids, batch_size)
         messages = [build_message(arg, queue=queue, origin=self._origin) for arg in args]
+        token = uuid.uuid4().hex if keeps_left else ""
         try:
             pushed, depth, epoch, waiting = self._script(
-                keys=[queue, EPOCH_KEY, DEFERRED_KEY.format(queue=queue)],
+                keys=[
+                    queue,
+                    EPOCH_KEY,
+                    BEHIND_KEY.format(queue=queue),
+                    LEAVING_KEY.format(queue=queue),
+                ],
                 args=[
                     max_length,
                     str(uuid.uuid4()),
                     "1" if behind else "0",
-                    "1" if keeps_left else "0",
+                    token,
+                    LEAVING_EXPIRY_MS,
                     *messages,
                 ],
             )
@@ -268,18 +264,12 @@ class Pusher:
             raise BrokerUnavailable(f"push to {queue!r} failed: {exc}") from exc
         records = sum(1 if isinstance(arg, str) else len(arg) for arg in args[: int(pushed)])
         return PushResult(
-            pushed=records, depth=int(depth), epoch=as_text(epoch), behind=bool(waiting)
+            pushed=records,
+            depth=int(depth),
+            epoch=as_text(epoch),
+            behind=bool(waiting),
+            leaving=token if token and int(pushed) < len(messages) else None,
         )
-
-    def settle_deferred(self, queue: str, *, quiet_ms: int) -> bool:
-        """Let new records of `queue` be pushed again: called once a pass found nothing of
-        the line left waiting in the journal. Keeps them behind while a push left records
-        within `quiet_ms`. Whether they are free. Raises `BrokerUnavailable`."""
-        try:
-            key = DEFERRED_KEY.format(queue=queue)
-            return bool(self._settle_script(keys=[key], args=[quiet_ms]))
-        except redis.RedisError as exc:
-            raise BrokerUnavailable(f"settling {queue!r} failed: {exc}") from exc
 
     def epoch(self) -> str:
         """The current epoch (made now if Redis has none). Raises `BrokerUnavailable`."""

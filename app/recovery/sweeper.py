@@ -27,11 +27,6 @@ from app.observe.telemetry import Counter, Telemetry
 
 log = get_logger(__name__)
 
-# New records of a line go on waiting behind its deferred ones until no push has left any
-# for this long: longer than a push's records take to be committed as `deferred`, so
-# that none of those is overtaken.
-DEFERRED_QUIET_MS = 1000
-
 
 @dataclass(kw_only=True)
 class SweepResult:
@@ -72,6 +67,21 @@ class Sweeper:
         except BrokerUnavailable as exc:
             result.broker_down = True
             log.warning("sweep_broker_down", error=str(exc))
+        self._report(result)
+        return result
+
+    def drain(self, line_name: str, *, now: datetime) -> SweepResult:
+        """The sweep of one line, now: what the intake asks for when new records of the line
+        wait behind older ones while its queue has room.
+
+        Raises `JournalUnavailable` and `BrokerUnavailable`."""
+        result = SweepResult()
+        line = self.lines.get(line_name)
+        self._sweep_line(line, epoch=self.pusher.epoch(), now=now, result=result)
+        self._report(result)
+        return result
+
+    def _report(self, result: SweepResult) -> None:
         for line_name, count in result.enqueued.items():
             self.telemetry.count(Counter.SWEEP_ENQUEUED, count, line=line_name)
         for line_name, count in result.recovered.items():
@@ -89,49 +99,41 @@ class Sweeper:
                 recovered=result.recovered,
                 stuck=result.stuck,
             )
-        return result
-
-    def drain(self, line_name: str, *, now: datetime) -> int:
-        """The sweep of one line, now: what the intake asks for when new records of the line
-        wait behind older ones while its queue has room. Returns how many were pushed.
-
-        Raises `JournalUnavailable` and `BrokerUnavailable`."""
-        result = SweepResult()
-        self._sweep_line(
-            self.lines.get(line_name), epoch=self.pusher.epoch(), now=now, result=result
-        )
-        pushed = result.enqueued.get(line_name, 0)
-        if pushed:
-            self.telemetry.count(Counter.SWEEP_ENQUEUED, pushed, line=line_name)
-        return pushed
 
     def _sweep_line(self, line: Line, *, epoch: str, now: datetime, result: SweepResult) -> None:
-        budget = self.max_per_run
-        while budget > 0:
-            # Room is counted in messages; a message holds up to `batch_size` records.
-            room = line.settings.max_queue_length - self.pusher.depth(line.queue)
-            limit = min(room * line.batch_size, budget, self.batch_limit)
-            if limit <= 0:
-                return
-            with self.journal.transaction() as conn:
-                claimed = claims.claim_due(
-                    conn,
-                    line=line.name,
-                    now=now,
-                    received_grace_s=self.received_grace_s,
-                    stuck_after_s=self.stuck_after_s,
-                    epoch=epoch,
-                    limit=limit,
-                )
-            if not claimed:
-                # Nothing of the line waits in the journal: its new records may be pushed.
-                self.pusher.settle_deferred(line.queue, quiet_ms=DEFERRED_QUIET_MS)
-                return
-            budget -= len(claimed)
-            pushed = push_claimed(self.journal, self.pusher, line, claimed, now=now)
-            _count(result, line.name, pushed, epoch=epoch)
-            if len(pushed) < len(claimed):
-                return  # the queue filled up meanwhile
+        """One pass over `line`, oldest first, while its queue has room; no other pass over
+        the line runs meanwhile (two would push its records out of order). A pass that finds
+        nothing of the line left to push lets its new records be pushed directly again."""
+        waiting = self.pusher.waiting
+        with waiting.one_pass(line.queue) as ours:
+            if not ours:
+                return  # the pass under way does it
+            mark = waiting.mark(line.queue)
+            budget = self.max_per_run
+            while budget > 0:
+                # Room is counted in messages; a message holds up to `batch_size` records.
+                room = line.settings.max_queue_length - self.pusher.depth(line.queue)
+                limit = min(room * line.batch_size, budget, self.batch_limit)
+                if limit <= 0:
+                    return
+                with self.journal.transaction() as conn:
+                    claimed = claims.claim_due(
+                        conn,
+                        line=line.name,
+                        now=now,
+                        received_grace_s=self.received_grace_s,
+                        stuck_after_s=self.stuck_after_s,
+                        epoch=epoch,
+                        limit=limit,
+                    )
+                if not claimed:
+                    waiting.settle(line.queue, mark=mark)
+                    return
+                budget -= len(claimed)
+                pushed = push_claimed(self.journal, self.pusher, line, claimed, now=now)
+                _count(result, line.name, pushed, epoch=epoch)
+                if len(pushed) < len(claimed):
+                    return  # the queue filled up meanwhile
 
 
 def push_claimed(
@@ -152,9 +154,12 @@ def push_claimed(
             claims.put_back(conn, claimed, now=now)
         raise
     pushed, left = claimed[: outcome.pushed], claimed[outcome.pushed :]
-    with journal.transaction() as conn:
-        claims.set_epoch(conn, [r.id for r in pushed], epoch=outcome.epoch)
-        claims.put_back(conn, left, now=now)
+    try:
+        with journal.transaction() as conn:
+            claims.set_epoch(conn, [r.id for r in pushed], epoch=outcome.epoch)
+            claims.put_back(conn, left, now=now)
+    finally:
+        pusher.waiting.left_kept(line.queue, outcome.leaving)
     return pushed
 
 

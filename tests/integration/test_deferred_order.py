@@ -56,18 +56,46 @@ def test_a_steady_flood_delivers_in_journal_order(harness, tmp_path):
 
 
 def test_new_records_wait_behind_records_left_in_the_journal_until_a_pass_settles(harness):
-    pusher = harness.runtime().pusher
+    rt = harness.runtime()
+    pusher, waiting = rt.pusher, rt.pusher.waiting
     # A push that leaves records for the journal keeps later ones behind them.
     first = pusher.push("q", ["a", "b", "c"], max_length=2, keeps_left=True)
     assert (first.pushed, first.behind) == (2, False)
-    harness.runtime().redis.rpop("q")  # a worker took one: there is room again
-    waiting = pusher.push("q", ["d"], max_length=2, behind=True)
-    assert (waiting.pushed, waiting.behind, waiting.depth) == (0, True, 1)
+    assert first.leaving is not None
+    rt.redis.rpop("q")  # a worker took one: there is room again
+    waiting_push = pusher.push("q", ["d"], max_length=2, behind=True, keeps_left=True)
+    assert (waiting_push.pushed, waiting_push.behind, waiting_push.depth) == (0, True, 1)
     # A push that does not wait (the sweeper's, a reject line's) still has the room.
     assert pusher.push("q", ["c"], max_length=2).pushed == 1
-    # A pass that found nothing left frees new records only once no push left any lately.
-    assert pusher.settle_deferred("q", quiet_ms=60_000) is False
-    assert pusher.push("q", ["d"], max_length=3, behind=True).behind is True
-    assert pusher.settle_deferred("q", quiet_ms=0) is True
-    freed = pusher.push("q", ["d"], max_length=3, behind=True)
+    # A pass that found nothing left does not free new records while a move of records
+    # left out is not yet committed.
+    mark = waiting.mark("q")
+    assert waiting.settle("q", mark=mark) is False
+    waiting.left_kept("q", first.leaving)
+    waiting.left_kept("q", waiting_push.leaving)
+    # Records the bound left out since the pass began keep new ones behind as well.
+    full = pusher.push("q", ["e"], max_length=2, keeps_left=True)
+    waiting.left_kept("q", full.leaving)
+    assert waiting.settle("q", mark=mark) is False
+    assert pusher.push("q", ["f"], max_length=3, behind=True).behind is True
+    # New records deferred behind others (not by the bound) do not keep the line behind.
+    mark = waiting.mark("q")
+    behind = pusher.push("q", ["g"], max_length=3, behind=True, keeps_left=True)
+    waiting.left_kept("q", behind.leaving)
+    assert waiting.settle("q", mark=mark) is True
+    freed = pusher.push("q", ["h"], max_length=3, behind=True)
     assert (freed.pushed, freed.behind) == (1, False)
+
+
+def test_one_pass_at_a_time_claims_a_line(harness):
+    waiting = harness.runtime().pusher.waiting
+    with waiting.one_pass("q") as first:
+        assert first is True
+        started = time.monotonic()
+        with waiting.one_pass("q") as second:
+            assert second is False
+        assert time.monotonic() - started >= 1.0  # it waited for the first before leaving
+        with waiting.one_pass("other") as other:
+            assert other is True
+    with waiting.one_pass("q") as again:
+        assert again is True
