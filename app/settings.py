@@ -207,6 +207,10 @@ class Settings(BaseSettings):
     monitor_interval_seconds: float = Field(default=15, gt=0)
     # A worker's heartbeat key lives this long; it is refreshed at a third of it.
     worker_heartbeat_ttl_seconds: float = Field(default=15, ge=1)
+    # A worker with a free pool slot whose line's queue has had work this long, and whose
+    # consumer took none of it, is stalled: it raises WORKER_STALLED, counts as not live and
+    # restarts its consumer. Checked at each heartbeat (a third of the TTL).
+    worker_stall_after_seconds: float = Field(default=30, gt=0)
     visibility_timeout_seconds: int = Field(default=120, ge=1)
     stuck_after_seconds: int = Field(default=600, ge=1)
     beat_lock_ttl_seconds: int = Field(default=10, ge=1)

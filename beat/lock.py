@@ -1,24 +1,30 @@
-"""One active beat: a Redis lock with a short TTL, renewed every tick.
+"""One active beat: a Redis lock with a short TTL, renewed on its own thread.
 
-A standby tries on every tick for as long as it runs, and takes over within one TTL of the
-holder's death. A holder that cannot renew stops firing at once."""
+`Renewer` renews the lock (or, standing by, tries to take it) every `renew_every_s`, on
+its own thread: neither a slow fire nor a long maintenance run delays it. A standby takes
+over within one TTL of the holder's death. The beat counts as holding the lock only until
+one TTL after its last renewal was sent, so a renewal that hangs stops the firing and the
+maintenance before another beat can take over."""
 
 from __future__ import annotations
 
 import os
 import socket
+import threading
+import time
 import uuid
+from collections.abc import Callable
+from datetime import datetime
 
 import redis
 
+from app.clock import utcnow
 from app.logs import get_logger
 
 log = get_logger(__name__)
 
 LOCK_KEY = "pipeline:beat:lock"
 
-# Renew when we hold it; else take it if nobody does. Returns {state, holder}:
-# state 1 = renewed, 2 = acquired, 0 = held by `holder`.
 _RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
     return redis.call('DEL', KEYS[1])
@@ -26,6 +32,8 @@ end
 return 0
 """
 
+# Renew when we hold it; else take it if nobody does. Returns {state, holder}:
+# state 1 = renewed, 2 = acquired, 0 = held by `holder`.
 _HOLD = """
 local holder = redis.call('GET', KEYS[1])
 if holder == ARGV[1] then
@@ -41,26 +49,43 @@ return {0, holder}
 
 
 class BeatLock:
-    """This beat's side of the lock."""
+    """This beat's side of the lock. `hold` is called from one thread (the `Renewer`'s);
+    `active_since` may be read from any."""
 
-    def __init__(self, client: redis.Redis, *, ttl_s: float) -> None:
+    def __init__(
+        self,
+        client: redis.Redis,
+        *,
+        ttl_s: float,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], datetime] = utcnow,
+    ) -> None:
         self.client = client
+        self.ttl_s = ttl_s
         self.ttl_ms = int(ttl_s * 1000)
         self.identity = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._script = client.register_script(_HOLD)
+        self._clock = clock
+        self._wall_clock = wall_clock
+        self._state = threading.Lock()
         self.held = False
+        # Monotonic time until which the lock is ours for sure: one TTL after the last
+        # renewal that succeeded was sent (Redis set its expiry later than that).
+        self._valid_until_s = 0.0
+        self._active_since: datetime | None = None
         self.last_other: str | None = None
         self.last_error: str | None = None
 
     def hold(self) -> tuple[bool, str | None]:
         """Renew or take the lock. Returns (held now, the holder we took over from, if this
         call was a takeover). Any Redis error means not held."""
+        sent_s = self._clock()
         try:
             state, holder = self._script(keys=[LOCK_KEY], args=[self.identity, self.ttl_ms])
         except redis.RedisError as exc:
             if self.held:
                 log.warning("beat_lock_lost", error=str(exc))
-            self.held = False
+            self._set(held=False, sent_s=sent_s)
             self.last_error = str(exc)
             return False, None
         self.last_error = None
@@ -73,8 +98,25 @@ class BeatLock:
             if self.held:
                 log.warning("beat_lock_lost", holder=holder_text)
             self.last_other = holder_text
-        self.held = int(state) in (1, 2)
+        self._set(held=int(state) in (1, 2), sent_s=sent_s, acquired=int(state) == 2)
         return self.held, took_over_from
+
+    def _set(self, *, held: bool, sent_s: float, acquired: bool = False) -> None:
+        with self._state:
+            self.held = held
+            self._valid_until_s = sent_s + self.ttl_s if held else 0.0
+            if not held:
+                self._active_since = None
+            elif acquired or self._active_since is None:
+                self._active_since = self._wall_clock()
+
+    def active_since(self) -> datetime | None:
+        """When this beat took the lock it still holds for sure; None when it does not
+        (standing by, lost, or its last renewal is older than the TTL)."""
+        with self._state:
+            if self.held and self._clock() < self._valid_until_s:
+                return self._active_since
+            return None
 
     def release(self) -> None:
         """Give the lock up (on a clean stop), if we hold it."""
@@ -82,3 +124,45 @@ class BeatLock:
             self.client.eval(_RELEASE, 1, LOCK_KEY, self.identity)
         except redis.RedisError:
             return
+
+
+class Renewer:
+    """Calls `lock.hold()` at once, then every `every_s`, on its own daemon thread, and
+    hands each result to `on_result(held, took_over_from)` (which must not raise)."""
+
+    def __init__(
+        self,
+        lock: BeatLock,
+        *,
+        every_s: float,
+        on_result: Callable[[bool, str | None], None],
+    ) -> None:
+        self._lock = lock
+        self._every_s = every_s
+        self._on_result = on_result
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="beat-lock", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            try:
+                held, took_over_from = self._lock.hold()
+            except Exception:
+                # Not held: `active_since` lapses one TTL after the last renewal. The
+                # thread goes on, so the beat holds the lock again once this passes.
+                log.exception("beat_lock_renewal_crashed")
+            else:
+                self._on_result(held, took_over_from)
+            if self._stopping.wait(self._every_s):
+                return
+
+    def stop(self, *, timeout_s: float) -> bool:
+        """Stop renewing; returns whether the thread has ended within `timeout_s` (a
+        renewal under way may wait for Redis up to its socket timeout)."""
+        self._stopping.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=timeout_s)
+        return not self._thread.is_alive()

@@ -2,10 +2,14 @@
 process and under its lock (the sweeper, the lost-message check, the monitor, retention).
 
 They are not Celery beat entries: nothing is sent to a worker, so they keep working when
-every queue is full or no worker is alive."""
+every queue is full or no worker is alive. They run on their own thread
+(`MaintenanceThread`), one job at a time, so a long run (a big retention) delays neither
+the lock's renewal nor the fires."""
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -38,9 +42,12 @@ class Maintenance:
         self._clock = clock
         self._last_run_s = {job.name: start_s for job in self._jobs}
 
-    def run_due(self) -> float:
-        """Run the jobs that are due; returns the seconds until the next one is."""
+    def run_due(self, *, go_on: Callable[[], bool] = lambda: True) -> float:
+        """Run the jobs that are due, each only if `go_on()` still says so when its turn
+        comes; returns the seconds until the next one is due."""
         for job in self._jobs:
+            if not go_on():
+                break
             if not due(
                 last_run_s=self._last_run_s[job.name],
                 interval_s=job.interval_s,
@@ -59,3 +66,54 @@ class Maintenance:
             (self._last_run_s[job.name] + job.interval_s - now_s for job in self._jobs),
             default=1.0,
         )
+
+
+# How often an idle maintenance thread looks whether the lock is still held: a lost lock
+# stops it within this, between two jobs.
+CHECK_EVERY_S = 0.25
+
+
+class MaintenanceThread:
+    """Runs `Maintenance` on a daemon thread while `active()` says the beat holds the lock.
+
+    A job under way when the lock is lost runs to its end (a database transaction is not
+    cut off from another thread); no other job starts after it, and the thread ends.
+    `ensure_running` starts a thread only when none is alive, so two maintenance runs of
+    one beat never overlap. The jobs' timing outlives the threads: a beat that loses the
+    lock and takes it again runs what fell due meanwhile, and an hourly job is not put
+    off by each loss."""
+
+    def __init__(
+        self,
+        jobs: Sequence[Job],
+        *,
+        active: Callable[[], bool],
+        stopping: threading.Event,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._maintenance = Maintenance(jobs, clock=clock, start_s=clock())
+        self._active = active
+        self._stopping = stopping
+        self._thread: threading.Thread | None = None
+
+    def _go_on(self) -> bool:
+        return self._active() and not self._stopping.is_set()
+
+    def ensure_running(self) -> None:
+        """Start the thread, unless one is alive (it may still be ending a job)."""
+        if self._thread is not None and self._thread.is_alive():
+            return
+        self._thread = threading.Thread(target=self._run, name="beat-maintenance", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while self._go_on():
+            wait_s = self._maintenance.run_due(go_on=self._go_on)
+            self._stopping.wait(min(max(wait_s, 0.0), CHECK_EVERY_S))
+        log.info("maintenance_stopped", lock_held=self._active())
+
+    def join(self, *, timeout_s: float) -> bool:
+        """Wait for the thread (after `stopping` is set); returns whether it has ended."""
+        if self._thread is not None and self._thread.is_alive():
+            self._thread.join(timeout=timeout_s)
+        return self._thread is None or not self._thread.is_alive()

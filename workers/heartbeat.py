@@ -1,10 +1,18 @@
 """Worker heartbeats: a thread in the worker's main process refreshes one key per line the
-worker consumes; a graceful shutdown removes them, so `NO_CONSUMER` is raised at once."""
+worker consumes; a graceful shutdown removes them, so `NO_CONSUMER` is raised at once.
+
+The thread lives apart from the consumer, so a heartbeat alone would say a worker is alive
+while its consumer takes nothing (cancelled, or stalled on a connection). So each beat also
+checks the consumer (`app.observe.stall`): one with a free slot that has taken nothing
+from its line's waiting queue for `worker_stall_after_seconds` is stalled. Its heartbeat
+then says so (it counts as not live), it raises `WORKER_STALLED`, and it restarts its
+consumer in-process, once per `worker_stall_after_seconds` until it takes something."""
 
 from __future__ import annotations
 
 import os
 import threading
+import time
 from typing import Any
 
 import redis
@@ -12,27 +20,54 @@ from celery.signals import worker_ready, worker_shutdown
 
 from app.clock import utcnow
 from app.logs import get_logger
-from app.observe.liveness import clear_heartbeat, publish_heartbeat
+from app.observe.alerts import Alerter
+from app.observe.events import Event
+from app.observe.liveness import ConsumerReport, clear_heartbeat, publish_heartbeat
+from app.observe.stall import ConsumerSample, StallWatch, watch
+from app.observe.telemetry import Telemetry
 from app.redis_client import make_redis, redis_options
+from workers.consumer_watch import ConsumerProbe
 
 log = get_logger(__name__)
 
 
 class Heartbeat:
-    """Publishes this worker's heartbeats until stopped."""
+    """Publishes this worker's heartbeats, and watches its consumer, until stopped."""
 
     def __init__(
-        self, *, client: redis.Redis, hostname: str, lines: list[str], ttl_s: float
+        self,
+        *,
+        client: redis.Redis,
+        hostname: str,
+        lines: list[str],
+        ttl_s: float,
+        stall_after_s: float,
+        probe: ConsumerProbe,
+        alerts: Alerter,
     ) -> None:
         self.client = client
         self.hostname = hostname
         self.lines = lines
         self.ttl_s = ttl_s
+        self.stall_after_s = stall_after_s
+        self.probe = probe
+        self.alerts = alerts
+        self.watches: dict[str, StallWatch] = {}
         self.stopped = threading.Event()
         self.thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
 
+    def _depth(self, queue: str) -> int | None:
+        try:
+            return int(self.client.llen(queue))
+        except redis.RedisError:
+            return None  # unknown: no verdict on the consumer this time
+
     def _beat(self) -> None:
         for line in self.lines:
+            now_s = time.monotonic()
+            # A line's queue is named after it (`app.celery_app`).
+            sample = self.probe.sample(line, queue_depth=self._depth(line))
+            seen = watch(self.watches.get(line), sample, now_s=now_s)
             publish_heartbeat(
                 self.client,
                 line=line,
@@ -40,7 +75,45 @@ class Heartbeat:
                 pid=os.getpid(),
                 ttl_s=self.ttl_s,
                 now=utcnow(),
+                consumer=ConsumerReport(
+                    stalled=seen.is_stalled(now_s=now_s, stall_after_s=self.stall_after_s),
+                    taken=sample.taken,
+                    consuming=sample.consuming,
+                    held=sample.held,
+                    slots=sample.slots,
+                    starved_s=round(seen.starved_s(now_s=now_s), 1),
+                ),
             )
+            if seen.restart_due(now_s=now_s, stall_after_s=self.stall_after_s):
+                self._restart(line, sample, seen, now_s=now_s)
+                seen = seen.restarted(now_s=now_s)
+            self.watches[line] = seen
+
+    def _restart(
+        self, line: str, sample: ConsumerSample, seen: StallWatch, *, now_s: float
+    ) -> None:
+        starved_s = seen.starved_s(now_s=now_s)
+        how = "reconnecting it" if sample.consuming else "subscribing it to the queue again"
+        pending = self.probe.restarts_pending
+        if pending:
+            how += f"; {pending} earlier restart(s) still wait for its event loop, which is stuck"
+        self.alerts.raise_event(
+            Event.WORKER_STALLED,
+            line=line,
+            message=f"worker {self.hostname} has taken nothing from {line!r} for "
+            f"{starved_s:.0f} s while {sample.queue_depth} messages wait and "
+            f"{sample.slots - sample.held} of its {sample.slots} slots are free; "
+            f"restarting its consumer ({how})",
+            hostname=self.hostname,
+            queue_depth=sample.queue_depth,
+            starved_s=round(starved_s, 1),
+            consuming=sample.consuming,
+            held=sample.held,
+            slots=sample.slots,
+            restart=seen.restarts + 1,
+            restarts_pending=pending,
+        )
+        self.probe.restart(line, consuming=sample.consuming)
 
     def _run(self) -> None:
         while not self.stopped.is_set():
@@ -48,6 +121,8 @@ class Heartbeat:
                 self._beat()
             except redis.RedisError as exc:
                 log.warning("heartbeat_failed", error=str(exc))
+            except Exception:  # the thread must keep beating whatever one check raised
+                log.exception("heartbeat_check_failed")
             self.stopped.wait(self.ttl_s / 3)
 
     def start(self) -> None:
@@ -61,29 +136,38 @@ class Heartbeat:
                 clear_heartbeat(self.client, line=line, hostname=self.hostname)
         except redis.RedisError as exc:
             log.warning("heartbeat_clear_failed", error=str(exc))
-        self.client.close()
 
 
-_current: list[Heartbeat] = []
+_current: list[tuple[Heartbeat, Alerter, Telemetry, redis.Redis]] = []
 
 
 def _start(sender: Any, **_kwargs: Any) -> None:
     settings = sender.app.pipeline_settings
     lines = [queue.name for queue in sender.task_consumer.queues]
+    client = make_redis(settings.redis_url, redis_options(settings))
+    telemetry = Telemetry(client)
+    alerts = Alerter(settings, clock=utcnow, telemetry=telemetry)
     heartbeat = Heartbeat(
-        client=make_redis(settings.redis_url, redis_options(settings)),
+        client=client,
         hostname=sender.hostname,
         lines=lines,
         ttl_s=settings.worker_heartbeat_ttl_seconds,
+        stall_after_s=settings.worker_stall_after_seconds,
+        probe=ConsumerProbe(sender),
+        alerts=alerts,
     )
     heartbeat.start()
-    _current.append(heartbeat)
+    _current.append((heartbeat, alerts, telemetry, client))
     log.info("heartbeat_started", hostname=sender.hostname, lines=lines)
 
 
 def _stop(**_kwargs: Any) -> None:
     while _current:
-        _current.pop().stop()
+        heartbeat, alerts, telemetry, client = _current.pop()
+        heartbeat.stop()
+        alerts.close()
+        telemetry.close()
+        client.close()
 
 
 worker_ready.connect(_start, weak=False)

@@ -68,6 +68,9 @@ class Acceptor:
     pusher: Pusher
     alerts: Alerter
     lines: LineRegistry
+    # Told the name of a line whose new records were deferred behind older ones while its
+    # queue had room: something should push the older ones now (the intake's drain).
+    on_room_behind: Callable[[str], None] | None = None
 
     def accept(
         self,
@@ -159,12 +162,15 @@ class Acceptor:
     ) -> list[Acceptance]:
         """Push `admitted` onto `line`'s queue; the overflow follows `policy`. Adds the ids
         pushed to `enqueued` under their epoch."""
+        defers = policy is Overflow.DEFER
         try:
             pushed = self.pusher.push(
                 line.queue,
                 [r.id for r in admitted],
                 max_length=line.settings.max_queue_length,
                 batch_size=line.batch_size,
+                behind=defers,
+                keeps_left=defers,
             )
         except BrokerUnavailable as exc:
             log.warning("broker_down_records_kept", line=line.name, error=str(exc))
@@ -177,31 +183,43 @@ class Acceptor:
             Acceptance(record=r, status=RecordStatus.ENQUEUED, created=True) for r in on_queue
         ]
         decision = decide_overflow(policy)
-        for _record in overflow:
-            self.alerts.raise_event(
-                Event.QUEUE_FULL,
-                line=line.name,
-                message=f"queue {line.queue!r} is full ({pushed.depth}/"
-                f"{line.settings.max_queue_length}); policy {policy.value}",
-                depth=pushed.depth,
-                limit=line.settings.max_queue_length,
-                policy=policy.value,
-            )
-        for _record in overflow if decision.caller_runs else ():
-            self.alerts.raise_event(
-                Event.CALLER_RUNS,
-                line=line.name,
-                message=f"queue {line.queue!r} is full: the intake runs the handler itself",
-            )
+        # New records deferred only to keep them behind older ones raise no alert: the
+        # queue has room, and the line is catching up.
+        catching_up = pushed.behind and pushed.depth < line.settings.max_queue_length
+        if not catching_up:
+            self._alert_overflow(line, len(overflow), depth=pushed.depth, policy=policy)
         if decision.transition is None:
             return outcomes + [
                 Acceptance(record=r, status=decision.status, created=True, caller_runs=True)
                 for r in overflow
             ]
         moved = self._move_all(overflow, decision.transition, clock)
+        self.pusher.waiting.left_kept(line.queue, pushed.leaving)
+        if catching_up and self.on_room_behind is not None:
+            self.on_room_behind(line.name)
         # What was not recorded stays `received`: the sweeper will take it.
         status = decision.status if moved else RecordStatus.RECEIVED
         return outcomes + [Acceptance(record=r, status=status, created=True) for r in overflow]
+
+    def _alert_overflow(self, line: Line, count: int, *, depth: int, policy: Overflow) -> None:
+        """`QUEUE_FULL` (and `CALLER_RUNS` under that policy) for each of `count` records
+        that did not fit on `line`'s queue."""
+        for _ in range(count):
+            self.alerts.raise_event(
+                Event.QUEUE_FULL,
+                line=line.name,
+                message=f"queue {line.queue!r} is full ({depth}/"
+                f"{line.settings.max_queue_length}); policy {policy.value}",
+                depth=depth,
+                limit=line.settings.max_queue_length,
+                policy=policy.value,
+            )
+            if policy is Overflow.CALLER_RUNS:
+                self.alerts.raise_event(
+                    Event.CALLER_RUNS,
+                    line=line.name,
+                    message=f"queue {line.queue!r} is full: the intake runs the handler itself",
+                )
 
     def _mark_enqueued(self, by_epoch: dict[str, list[str]], clock: Callable[[], datetime]) -> None:
         """`received → enqueued`; on failure the records stay `received` (see `_move`)."""

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import redis
 
+from app.delivery.waiting import BEHIND_KEY, LEAVING_EXPIRY_MS, LEAVING_KEY, Waiting
 from app.errors import BrokerUnavailable
 from app.redis_client import as_text
 
@@ -31,9 +32,12 @@ TASK_NAME = "pipeline.process"
 # and would change on a restart that kept its data through the append-only file.)
 EPOCH_KEY = "pipeline:epoch"
 
-# KEYS[1]: the queue, KEYS[2]: the epoch key. ARGV[1]: the bound, ARGV[2]: an epoch to use if
-# none exists, ARGV[3..]: messages, pushed in order while room remains.
-# Returns {pushed, depth after, epoch}.
+# KEYS[1]: the queue, KEYS[2]: the epoch key, KEYS[3]: the queue's behind key, KEYS[4]: its
+# leaving set (`app.delivery.waiting`). ARGV[1]: the bound, ARGV[2]: an epoch to use if none
+# exists, ARGV[3]: "1" to push nothing while the behind key exists, ARGV[4]: a token to
+# record in the leaving set if records are left out ("" for none), ARGV[5]: its expiry in ms,
+# ARGV[6..]: messages, pushed in order while room remains.
+# Returns {pushed, depth after, epoch, 1 if nothing was pushed for the behind key}.
 _PUSH_BOUNDED = """
 local epoch = redis.call('GET', KEYS[2])
 if not epoch then
@@ -41,14 +45,28 @@ if not epoch then
     redis.call('SET', KEYS[2], epoch)
 end
 local depth = redis.call('LLEN', KEYS[1])
+local behind = 0
 local room = tonumber(ARGV[1]) - depth
+if ARGV[3] == '1' and redis.call('EXISTS', KEYS[3]) == 1 then
+    behind = 1
+    room = 0
+end
 local pushed = 0
-for i = 3, #ARGV do
+for i = 6, #ARGV do
     if pushed >= room then break end
     redis.call('LPUSH', KEYS[1], ARGV[i])
     pushed = pushed + 1
 end
-return {pushed, depth + pushed, epoch}
+if ARGV[4] ~= '' and pushed < #ARGV - 5 then
+    local now = redis.call('TIME')
+    local now_ms = now[1] * 1000 + math.floor(now[2] / 1000)
+    redis.call('ZADD', KEYS[4], now_ms + tonumber(ARGV[5]), ARGV[4])
+    if behind == 0 then
+        -- The bound left them out: newer records must wait behind them.
+        redis.call('SET', KEYS[3], ARGV[4])
+    end
+end
+return {pushed, depth + pushed, epoch, behind}
 """
 
 # KEYS[1]: the queue, KEYS[2]: kombu's hash of delivered, unacked messages. One reply, so
@@ -70,11 +88,15 @@ return redis.call('GET', KEYS[1])
 @dataclass(frozen=True, kw_only=True)
 class PushResult:
     """How many of the records went onto the queue (the first `pushed`), its depth in
-    messages, and the epoch they were pushed in."""
+    messages, the epoch they were pushed in, and whether none was pushed because older
+    records of the line wait in the journal (`behind`). `leaving`: the token to give
+    `Waiting.left_kept` once the records left out are kept in the journal."""
 
     pushed: int
     depth: int
     epoch: str
+    behind: bool = False
+    leaving: str | None = None
 
 
 @functools.lru_cache(maxsize=256)
@@ -194,27 +216,60 @@ class Pusher:
         self._script = client.register_script(_PUSH_BOUNDED)
         self._epoch_script = client.register_script(_CURRENT_EPOCH)
         self._present_script = client.register_script(_WAITING_AND_HELD)
+        self.waiting = Waiting(client)
         self._origin = f"{os.getpid()}@{socket.gethostname()}"
 
     def push(
-        self, queue: str, record_ids: Sequence[str], *, max_length: int, batch_size: int = 1
+        self,
+        queue: str,
+        record_ids: Sequence[str],
+        *,
+        max_length: int,
+        batch_size: int = 1,
+        behind: bool = False,
+        keeps_left: bool = False,
     ) -> PushResult:
         """Push the messages of `record_ids` onto `queue` while it holds fewer than
         `max_length` messages, `batch_size` records to a message. `pushed` counts records.
+
+        `behind`: new records, which push nothing while older ones of the line wait in the
+        journal. `keeps_left`: the caller keeps what is not pushed in the journal, to be
+        pushed later (`deferred`, `failed`): newer records then wait behind it, and the
+        caller gives `leaving` to `self.waiting.left_kept` once its journal says so.
 
         Raises `BrokerUnavailable` when Redis cannot be reached."""
         if not record_ids:
             return PushResult(pushed=0, depth=self.depth(queue), epoch=self.epoch())
         args = batches(record_ids, batch_size)
         messages = [build_message(arg, queue=queue, origin=self._origin) for arg in args]
+        token = uuid.uuid4().hex if keeps_left else ""
         try:
-            pushed, depth, epoch = self._script(
-                keys=[queue, EPOCH_KEY], args=[max_length, str(uuid.uuid4()), *messages]
+            pushed, depth, epoch, waiting = self._script(
+                keys=[
+                    queue,
+                    EPOCH_KEY,
+                    BEHIND_KEY.format(queue=queue),
+                    LEAVING_KEY.format(queue=queue),
+                ],
+                args=[
+                    max_length,
+                    str(uuid.uuid4()),
+                    "1" if behind else "0",
+                    token,
+                    LEAVING_EXPIRY_MS,
+                    *messages,
+                ],
             )
         except redis.RedisError as exc:
             raise BrokerUnavailable(f"push to {queue!r} failed: {exc}") from exc
         records = sum(1 if isinstance(arg, str) else len(arg) for arg in args[: int(pushed)])
-        return PushResult(pushed=records, depth=int(depth), epoch=as_text(epoch))
+        return PushResult(
+            pushed=records,
+            depth=int(depth),
+            epoch=as_text(epoch),
+            behind=bool(waiting),
+            leaving=token if token and int(pushed) < len(messages) else None,
+        )
 
     def epoch(self) -> str:
         """The current epoch (made now if Redis has none). Raises `BrokerUnavailable`."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -17,6 +18,7 @@ from app.intake.exposure import LoopbackOnly, check_keys_or_dev_mode
 from app.intake.limits import RequestLimits
 from app.intake.pacing import pacers_for
 from app.lines import LineRegistry
+from app.recovery.drain import Drainer
 from app.runtime import Runtime
 from app.settings import Settings
 
@@ -33,12 +35,17 @@ def create_app(settings: Settings) -> FastAPI:
     except ConfigError:
         rt.close()
         raise
-    group = GroupAccept(rt.acceptor, clock=utcnow, timeout_s=settings.journal_timeout_seconds)
+    # New records deferred behind older ones while their queue has room: push the older
+    # ones now, rather than at the sweeper's next pass.
+    drainer = Drainer(rt.sweeper, clock=utcnow)
+    acceptor = dataclasses.replace(rt.acceptor, on_room_behind=drainer.request)
+    group = GroupAccept(acceptor, clock=utcnow, timeout_s=settings.journal_timeout_seconds)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         yield
         group.close()
+        drainer.close()
         rt.close()
 
     app = FastAPI(

@@ -22,6 +22,7 @@ class Event(StrEnum):
     BEAT_TAKEOVER = "BEAT_TAKEOVER"
     RECOVERED = "RECOVERED"
     REPLAY_FINISHED = "REPLAY_FINISHED"
+    WORKER_STALLED = "WORKER_STALLED"
 
 
 @dataclass(frozen=True, kw_only=True)

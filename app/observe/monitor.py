@@ -75,8 +75,9 @@ class Finding:
 
 def check_line(row: LineStatus, *, backlog_after_s: float) -> list[Finding]:
     """The alerts `row` calls for: `NO_CONSUMER` when records wait and no worker of the line
-    is alive (unknown liveness, `None`, raises nothing), `BACKLOG` when its oldest
-    unfinished record is older than `backlog_after_s`."""
+    is alive (unknown liveness, `None`, raises nothing; a worker whose consumer is stalled
+    is not alive, `app.observe.liveness`), `BACKLOG` when its oldest unfinished record is
+    older than `backlog_after_s`."""
     found = []
     # Counted in the journal: a queue message may carry several records (`batch_size`).
     waiting = sum(row.counts.get(status.value, 0) for status in _WAITING)

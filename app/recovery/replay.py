@@ -208,14 +208,18 @@ class Replayer:
                 [r.id for r in ours],
                 max_length=line.settings.max_queue_length,
                 batch_size=line.batch_size,
+                keeps_left=True,
             )
             pushed = [r.id for r in ours[: outcome.pushed]]
             left = [r.id for r in ours[outcome.pushed :]]
             if left or outcome.epoch != epoch:
-                with self.journal.transaction() as conn:
-                    if outcome.epoch != epoch:
-                        claims.set_epoch(conn, pushed, epoch=outcome.epoch, replace=True)
-                    store.move(conn, left, TransitionEvent.NOT_PUSHED, now=now)
+                try:
+                    with self.journal.transaction() as conn:
+                        if outcome.epoch != epoch:
+                            claims.set_epoch(conn, pushed, epoch=outcome.epoch, replace=True)
+                        store.move(conn, left, TransitionEvent.NOT_PUSHED, now=now)
+                finally:
+                    self.pusher.waiting.left_kept(line.queue, outcome.leaving)
             counts.enqueued += len(pushed)
             counts.deferred += len(left)
             counts.by_line[line_name] = counts.by_line.get(line_name, 0) + len(pushed) + len(left)

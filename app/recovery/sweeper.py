@@ -67,6 +67,21 @@ class Sweeper:
         except BrokerUnavailable as exc:
             result.broker_down = True
             log.warning("sweep_broker_down", error=str(exc))
+        self._report(result)
+        return result
+
+    def drain(self, line_name: str, *, now: datetime) -> SweepResult:
+        """The sweep of one line, now: what the intake asks for when new records of the line
+        wait behind older ones while its queue has room.
+
+        Raises `JournalUnavailable` and `BrokerUnavailable`."""
+        result = SweepResult()
+        line = self.lines.get(line_name)
+        self._sweep_line(line, epoch=self.pusher.epoch(), now=now, result=result)
+        self._report(result)
+        return result
+
+    def _report(self, result: SweepResult) -> None:
         for line_name, count in result.enqueued.items():
             self.telemetry.count(Counter.SWEEP_ENQUEUED, count, line=line_name)
         for line_name, count in result.recovered.items():
@@ -84,33 +99,41 @@ class Sweeper:
                 recovered=result.recovered,
                 stuck=result.stuck,
             )
-        return result
 
     def _sweep_line(self, line: Line, *, epoch: str, now: datetime, result: SweepResult) -> None:
-        budget = self.max_per_run
-        while budget > 0:
-            # Room is counted in messages; a message holds up to `batch_size` records.
-            room = line.settings.max_queue_length - self.pusher.depth(line.queue)
-            limit = min(room * line.batch_size, budget, self.batch_limit)
-            if limit <= 0:
-                return
-            with self.journal.transaction() as conn:
-                claimed = claims.claim_due(
-                    conn,
-                    line=line.name,
-                    now=now,
-                    received_grace_s=self.received_grace_s,
-                    stuck_after_s=self.stuck_after_s,
-                    epoch=epoch,
-                    limit=limit,
-                )
-            if not claimed:
-                return
-            budget -= len(claimed)
-            pushed = push_claimed(self.journal, self.pusher, line, claimed, now=now)
-            _count(result, line.name, pushed, epoch=epoch)
-            if len(pushed) < len(claimed):
-                return  # the queue filled up meanwhile
+        """One pass over `line`, oldest first, while its queue has room; no other pass over
+        the line runs meanwhile (two would push its records out of order). A pass that finds
+        nothing of the line left to push lets its new records be pushed directly again."""
+        waiting = self.pusher.waiting
+        with waiting.one_pass(line.queue) as ours:
+            if not ours:
+                return  # the pass under way does it
+            mark = waiting.mark(line.queue)
+            budget = self.max_per_run
+            while budget > 0:
+                # Room is counted in messages; a message holds up to `batch_size` records.
+                room = line.settings.max_queue_length - self.pusher.depth(line.queue)
+                limit = min(room * line.batch_size, budget, self.batch_limit)
+                if limit <= 0:
+                    return
+                with self.journal.transaction() as conn:
+                    claimed = claims.claim_due(
+                        conn,
+                        line=line.name,
+                        now=now,
+                        received_grace_s=self.received_grace_s,
+                        stuck_after_s=self.stuck_after_s,
+                        epoch=epoch,
+                        limit=limit,
+                    )
+                if not claimed:
+                    waiting.settle(line.queue, mark=mark)
+                    return
+                budget -= len(claimed)
+                pushed = push_claimed(self.journal, self.pusher, line, claimed, now=now)
+                _count(result, line.name, pushed, epoch=epoch)
+                if len(pushed) < len(claimed):
+                    return  # the queue filled up meanwhile
 
 
 def push_claimed(
@@ -124,15 +147,19 @@ def push_claimed(
             [r.id for r in claimed],
             max_length=line.settings.max_queue_length,
             batch_size=line.batch_size,
+            keeps_left=True,
         )
     except BrokerUnavailable:
         with journal.transaction() as conn:
             claims.put_back(conn, claimed, now=now)
         raise
     pushed, left = claimed[: outcome.pushed], claimed[outcome.pushed :]
-    with journal.transaction() as conn:
-        claims.set_epoch(conn, [r.id for r in pushed], epoch=outcome.epoch)
-        claims.put_back(conn, left, now=now)
+    try:
+        with journal.transaction() as conn:
+            claims.set_epoch(conn, [r.id for r in pushed], epoch=outcome.epoch)
+            claims.put_back(conn, left, now=now)
+    finally:
+        pusher.waiting.left_kept(line.queue, outcome.leaving)
     return pushed
 
 

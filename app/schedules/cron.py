@@ -13,7 +13,8 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import croniter
 
-# A fire this late is still "on time" (beat ticks every second); older ones were missed.
+# A fire this late is still "on time" for a beat already active when it was due (beat
+# ticks every second); older ones were missed.
 ON_TIME_S = 3.0
 # `fire_all` catches up at most this many missed fires per schedule at once.
 FIRE_ALL_CAP = 100
@@ -91,18 +92,23 @@ def plan(
     *,
     policy: Misfire,
     catchup_window_s: int,
-    last_fire: datetime | None,
-    created_at: datetime,
+    after: datetime,
+    active_since: datetime,
     now: datetime,
 ) -> Plan:
-    """The fires due at `now`, by the misfire policy. On-time fires (at most `ON_TIME_S`
-    late) are always fired; missed ones: `fire_all` every one within the catch-up window,
-    oldest first, capped; `fire_once` the latest within the window; `skip` none."""
-    anchor = last_fire or created_at
-    due = fires_between(expression, zone, after=anchor, until=now, cap=FIRE_ALL_CAP)
+    """The fires due at `now` since `after` (the last fire made, else the schedule's
+    creation), by the misfire policy, for a beat that has held the lock since
+    `active_since`.
+
+    On-time fires are always fired: due since `active_since`, and at most `ON_TIME_S`
+    before `now`. Any other is missed, whatever its distance from `now`: one due before
+    this beat became active was due while no beat fired. Missed ones: `fire_all` fires
+    each within the catch-up window, oldest first, capped; `fire_once` the latest within
+    the window; `skip` none."""
+    due = fires_between(expression, zone, after=after, until=now, cap=FIRE_ALL_CAP)
     if not due:
         return Plan(fire=[], fired_through=None)
-    on_time = [t for t in due if (now - t).total_seconds() <= ON_TIME_S]
+    on_time = [t for t in due if t >= active_since and (now - t).total_seconds() <= ON_TIME_S]
     missed = [t for t in due if t not in on_time]
     window_start = now - timedelta(seconds=catchup_window_s)
     catchable = [t for t in missed if t >= window_start]

@@ -35,8 +35,10 @@ class ScheduleFirer:
     journal: Journal
     acceptor: Acceptor
 
-    def fire_due(self, *, now: datetime) -> int:
-        """Fire every enabled schedule's due times. Returns how many records were created.
+    def fire_due(self, *, now: datetime, active_since: datetime) -> int:
+        """Fire every enabled schedule's due times, for a beat that has held the lock
+        since `active_since` (fires due before then were missed: `plan`). Returns how many
+        records were created.
 
         Raises `JournalUnavailable` when the schedules cannot be read."""
         with self.journal.reading("reading schedules") as conn:
@@ -44,19 +46,19 @@ class ScheduleFirer:
         created = 0
         for schedule in current:
             try:
-                created += self._fire_schedule(schedule, now=now)
+                created += self._fire_schedule(schedule, now=now, active_since=active_since)
             except PipelineError as exc:
                 log.warning("schedule_fire_failed", schedule=schedule.name, error=str(exc))
         return created
 
-    def _fire_schedule(self, schedule: Schedule, *, now: datetime) -> int:
+    def _fire_schedule(self, schedule: Schedule, *, now: datetime, active_since: datetime) -> int:
         todo = plan(
             schedule.cron,
             schedule.timezone,
             policy=schedule.misfire,
             catchup_window_s=schedule.catchup_window_s,
-            last_fire=schedule.last_fire_at,
-            created_at=schedule.created_at,
+            after=schedule.last_fire_at or schedule.created_at,
+            active_since=active_since,
             now=now,
         )
         if todo.fired_through is None:

@@ -1,6 +1,7 @@
 """Two beats at once: one fires, the other stands by; `kill -9` of the active one and the
 standby takes over within the lock's TTL plus a tick, raising BEAT_TAKEOVER, with no fire
-lost (fire_all) or doubled."""
+lost (fire_all) or doubled. A maintenance run longer than the TTL lets no standby take
+over and delays no fire."""
 
 from __future__ import annotations
 
@@ -11,7 +12,11 @@ import signal
 import time
 from datetime import UTC, datetime, timedelta
 
+from app.clock import utcnow
+from app.schedules.cron import Misfire
+from app.schedules.store import add
 from beat.lock import LOCK_KEY
+from beat.scheduler import SLOW_RETENTION_VARIABLE
 from tests.support.processes import wait_for
 from tests.support.recorder import Recorder
 
@@ -96,5 +101,71 @@ def test_standby_beat_takes_over_within_the_ttl_and_no_fire_is_lost_or_doubled(h
             f"\nbeat takeover after {took_s:.1f} s (TTL {TTL_S} s); {len(times)} fires, "
             "none lost or doubled"
         )
+    finally:
+        alerts.stop()
+
+
+# Each retention run lasts this long: longer than the lock's TTL, and than the 3 s after
+# which a fire counts as missed.
+SLOW_RETENTION_S = 5
+SLOW_RUN = "retention_slowed_for_test"
+
+
+def test_a_retention_run_longer_than_the_lock_ttl_delays_no_fire_and_lets_no_standby_take_over(
+    harness,
+):
+    alerts = Recorder().start()
+    try:
+        harness.configure(
+            beat_lock_ttl_seconds=str(TTL_S),
+            retention_interval_seconds="1",
+            alert_webhooks=json.dumps([{"kind": "generic", "url": f"{alerts.url}/alerts"}]),
+        )
+        harness.env[SLOW_RETENTION_VARIABLE] = str(SLOW_RETENTION_S)
+        rt = harness.runtime()
+        with rt.engine.begin() as conn:
+            add(
+                conn,
+                name="tick",
+                cron="* * * * * *",
+                timezone="UTC",
+                line="order",
+                payload={},
+                misfire=Misfire.SKIP,
+                catchup_window_s=3600,
+                now=utcnow(),
+            )
+        beats = [harness.start_beat(wait=False), harness.start_beat(wait=False)]
+        for beat in beats:
+            beat.wait_for_output("beat: Starting", timeout_s=40)
+        wait_for(lambda: rt.redis.get(LOCK_KEY), timeout_s=10, what="a beat to take the lock")
+        holder = rt.redis.get(LOCK_KEY)
+        holder_pid = int(holder.decode().split(":")[1])
+        (active,) = [b for b in beats if b.pid == holder_pid]
+        (standby,) = [b for b in beats if b.pid != holder_pid]
+        wait_for(lambda: fire_times(harness), timeout_s=5, what="the holder's first fire")
+        # Retention runs one after another from a second after the holder took the lock:
+        # the watch spans at least one whole run (two starts), with the standby up.
+        watch_from = datetime.now(UTC)
+        runs_before = active.output().count(SLOW_RUN)
+        holders = set()
+        deadline = time.monotonic() + 2 * SLOW_RETENTION_S + 1
+        while time.monotonic() < deadline:
+            holders.add(rt.redis.get(LOCK_KEY))
+            time.sleep(0.1)
+        watch_until = datetime.now(UTC)
+        standby.stop()
+
+        assert active.output().count(SLOW_RUN) - runs_before >= 2, "no whole slow run"
+        assert holders == {holder}, "the standby took the lock over"
+        assert "beat_lock_acquired" not in standby.output()
+        assert not any(r.body["event"] == "BEAT_TAKEOVER" for r in alerts.snapshot())
+        # Every second of the watch fired (the last one given a second to be made).
+        first, last = watch_from - timedelta(seconds=1), watch_until - timedelta(seconds=2)
+        times = [t for t in fire_times(harness) if first <= t <= last]
+        expected_count = int((last - first).total_seconds())
+        gaps = [b - a for a, b in itertools.pairwise(times)]
+        assert set(gaps) == {timedelta(seconds=1)}, [f"{t:%H:%M:%S}" for t in times]
+        assert len(times) >= expected_count, times
     finally:
         alerts.stop()

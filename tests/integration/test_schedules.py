@@ -43,12 +43,13 @@ def test_beat_stopped_across_three_due_times_then_restarted(harness, policy, exp
             catchup_window_s=3600,
             now=START,
         )
-    assert rt.firer.fire_due(now=START + timedelta(minutes=1, seconds=1)) == 1  # on time
+    on_time = START + timedelta(minutes=1, seconds=1)
+    assert rt.firer.fire_due(now=on_time, active_since=START) == 1
     # Beat is down from 10:01:01 to 10:04:30: 10:02, 10:03 and 10:04 are missed.
     restart = START + timedelta(minutes=4, seconds=30)
-    assert rt.firer.fire_due(now=restart) == expected
-    assert rt.firer.fire_due(now=restart) == 0  # restarted again: nothing more
-    assert rt.firer.fire_due(now=restart + timedelta(seconds=10)) == 0
+    assert rt.firer.fire_due(now=restart, active_since=restart) == expected
+    assert rt.firer.fire_due(now=restart, active_since=restart) == 0  # restarted again
+    assert rt.firer.fire_due(now=restart + timedelta(seconds=10), active_since=restart) == 0
     assert len(scheduled(harness, "nightly")) == 1 + expected
 
 
@@ -68,10 +69,10 @@ def test_the_same_fire_from_two_beats_is_stored_once(harness):
             now=START,
         )
     now = START + timedelta(minutes=1, seconds=1)
-    assert rt.firer.fire_due(now=now) == 1
+    assert rt.firer.fire_due(now=now, active_since=START) == 1
     with rt.engine.begin() as conn:  # another beat that had not seen the fire yet
         conn.execute(update(schedules_table).values(last_fire_at=None))
-    assert rt.firer.fire_due(now=now) == 0
+    assert rt.firer.fire_due(now=now, active_since=START) == 0
     assert len(scheduled(harness, "twice")) == 1
 
 
@@ -100,7 +101,7 @@ def test_a_fire_into_a_full_line_is_deferred_whatever_its_policy_and_runs_once_t
             catchup_window_s=3600,
             now=START,
         )
-    assert rt.firer.fire_due(now=START + timedelta(minutes=1, seconds=1)) == 1
+    assert rt.firer.fire_due(now=START + timedelta(minutes=1, seconds=1), active_since=START) == 1
     (fire,) = [r for r in harness.records() if r.source.value == "schedule"]
     assert fire.status is RecordStatus.DEFERRED
     with rt.engine.begin() as conn:  # the beat started below is to sweep, not to fire more

@@ -50,8 +50,8 @@ def test_a_daily_0230_ticked_every_minute_across_fall_back_fires_once_that_day()
             "Europe/Berlin",
             policy=Misfire.FIRE_ALL,
             catchup_window_s=3600,
-            last_fire=last,
-            created_at=created,
+            after=last or created,
+            active_since=created,
             now=now,
         )
         fired += step.fire
@@ -81,7 +81,6 @@ def test_an_unknown_time_zone_is_refused():
 
 
 MINUTE = "* * * * *"
-CREATED = datetime(2026, 5, 1, 9, 0, tzinfo=UTC)
 LAST = datetime(2026, 5, 1, 10, 0, tzinfo=UTC)
 # Beat was down from 10:00:30 to 10:03:30: 10:01, 10:02 and 10:03 were missed.
 RESTART = datetime(2026, 5, 1, 10, 3, 30, tzinfo=UTC)
@@ -97,8 +96,8 @@ def test_missed_fires_follow_the_misfire_policy(policy, fired):
         "UTC",
         policy=policy,
         catchup_window_s=3600,
-        last_fire=LAST,
-        created_at=CREATED,
+        after=LAST,
+        active_since=RESTART,
         now=RESTART,
     )
     assert [f.minute for f in step.fire] == fired
@@ -108,8 +107,8 @@ def test_missed_fires_follow_the_misfire_policy(policy, fired):
         "UTC",
         policy=policy,
         catchup_window_s=3600,
-        last_fire=step.fired_through,
-        created_at=CREATED,
+        after=step.fired_through,
+        active_since=RESTART,
         now=RESTART,
     )
     assert again.fire == []
@@ -121,23 +120,52 @@ def test_missed_fires_older_than_the_catchup_window_are_not_fired():
         "UTC",
         policy=Misfire.FIRE_ALL,
         catchup_window_s=90,
-        last_fire=LAST,
-        created_at=CREATED,
+        after=LAST,
+        active_since=RESTART,
         now=RESTART,
     )
     assert [f.minute for f in step.fire] == [2, 3]
 
 
-def test_an_on_time_fire_is_fired_under_every_policy():
-    now = datetime(2026, 5, 1, 10, 1, 1, tzinfo=UTC)
+@pytest.mark.parametrize(
+    "active_since", [LAST, datetime(2026, 5, 1, 10, 0, 59, 900_000, tzinfo=UTC)]
+)
+def test_an_on_time_fire_is_fired_under_every_policy(active_since):
+    """Due after the beat became active, and at most ON_TIME_S before the tick."""
+    now = datetime(2026, 5, 1, 10, 1, 3, tzinfo=UTC)
     for policy in Misfire:
         step = plan(
             MINUTE,
             "UTC",
             policy=policy,
             catchup_window_s=0,
-            last_fire=LAST,
-            created_at=CREATED,
+            after=LAST,
+            active_since=active_since,
             now=now,
         )
-        assert [f.minute for f in step.fire] == [1]
+        assert [f.minute for f in step.fire] == [1], policy
+
+
+# Beat was down from 10:00:30; a beat became active at 10:03:01.2, 1.2 s after the 10:03
+# fire, and ticked at 10:03:01.5: that fire is within ON_TIME_S of the tick, yet it was
+# due while no beat was active, so it is a misfire like 10:01 and 10:02.
+ACTIVE_SINCE = datetime(2026, 5, 1, 10, 3, 1, 200_000, tzinfo=UTC)
+FIRST_TICK = ACTIVE_SINCE + timedelta(seconds=0.3)
+
+
+@pytest.mark.parametrize(
+    ("policy", "fired"),
+    [(Misfire.FIRE_ALL, [1, 2, 3]), (Misfire.FIRE_ONCE, [3]), (Misfire.SKIP, [])],
+)
+def test_a_fire_due_just_before_the_beat_became_active_is_a_misfire(policy, fired):
+    step = plan(
+        MINUTE,
+        "UTC",
+        policy=policy,
+        catchup_window_s=3600,
+        after=LAST,
+        active_since=ACTIVE_SINCE,
+        now=FIRST_TICK,
+    )
+    assert [f.minute for f in step.fire] == fired
+    assert step.fired_through == datetime(2026, 5, 1, 10, 3, tzinfo=UTC)

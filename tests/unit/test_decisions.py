@@ -3,6 +3,9 @@ record, which alerts a line's state calls for, when a maintenance job is due."""
 
 from __future__ import annotations
 
+import threading
+from datetime import UTC, datetime
+
 import pytest
 
 from app.delivery.accept import decide_overflow
@@ -12,7 +15,8 @@ from app.observe.events import Event
 from app.observe.line_view import LineStatus
 from app.observe.monitor import check_line
 from app.settings import Overflow
-from beat.maintenance import Job, Maintenance, due
+from beat.maintenance import Job, Maintenance, MaintenanceThread, due
+from beat.scheduler import until_next_tick
 
 
 @pytest.mark.parametrize(
@@ -98,3 +102,71 @@ def test_maintenance_runs_each_job_when_due_and_a_failing_job_stops_no_other():
     clock_s[0] = 2.0
     maintenance.run_due()
     assert runs == ["sweep", "broken", "sweep"]
+
+
+def test_a_job_whose_turn_comes_after_the_lock_was_lost_does_not_run():
+    runs: list[str] = []
+    held = [True]
+
+    def first() -> None:
+        runs.append("first")
+        held[0] = False  # the lock is lost while this job runs
+
+    maintenance = Maintenance(
+        [Job(name="first", interval_s=1, run=first), Job(name="second", interval_s=1, run=list)],
+        clock=lambda: 5.0,
+        start_s=0.0,
+    )
+    maintenance.run_due(go_on=lambda: held[0])
+    assert runs == ["first"]
+
+
+def test_maintenance_ends_after_the_job_under_way_when_the_lock_is_lost_and_never_overlaps():
+    """A job holds until the test lets it go; meanwhile the lock is lost and taken again,
+    and the beat asks for maintenance on every tick: still one run at a time. Once the
+    lock is lost the thread ends after the job; taken again, the jobs go on where they
+    were."""
+    held, release, stopping = [True], threading.Event(), threading.Event()
+    running, overlaps, started = [0], [0], threading.Event()
+
+    def long_job() -> None:
+        running[0] += 1
+        overlaps[0] += running[0] > 1
+        started.set()
+        release.wait(timeout=10)
+        running[0] -= 1
+
+    clock_s = [0.0]
+    thread = MaintenanceThread(
+        [Job(name="retention", interval_s=1, run=long_job)],
+        active=lambda: held[0],
+        stopping=stopping,
+        clock=lambda: clock_s[0],
+    )
+    thread.ensure_running()
+    clock_s[0] = 1.0
+    assert started.wait(timeout=10)
+    held[0] = False
+    thread.ensure_running()
+    held[0] = True
+    thread.ensure_running()
+    assert [t.name for t in threading.enumerate()].count("beat-maintenance") == 1
+    held[0] = False
+    release.set()
+    assert thread.join(timeout_s=10)
+    assert (overlaps, running) == ([0], [0])
+    # Taken again a second later: the job, due by the timing kept across threads, runs.
+    started.clear()
+    held[0], clock_s[0] = True, 2.0
+    thread.ensure_running()
+    assert started.wait(timeout=10)
+    stopping.set()
+    assert thread.join(timeout_s=10)
+
+
+@pytest.mark.parametrize(
+    ("microsecond", "expected_s"), [(0, 1.01), (990_000, 0.02), (500_000, 0.51)]
+)
+def test_beat_ticks_just_after_each_whole_second(microsecond, expected_s):
+    now = datetime(2026, 5, 1, 10, 0, 0, microsecond, tzinfo=UTC)
+    assert until_next_tick(now) == pytest.approx(expected_s)

@@ -1,0 +1,39 @@
+"""A fault for a real worker: its consumer stays subscribed to its queues but fetches nothing.
+
+`detach_fetch` is a line handler (run by a `--pool solo` worker, so in the worker's main
+process, on the consumer's event loop): for the record whose business number is
+`DETACH_BUSINESS_NO` it cancels the worker's queues on the kombu channel behind Celery's
+back, so Celery's consumer still says it consumes them while no fetch asks for their
+messages."""
+
+from __future__ import annotations
+
+import gc
+import time
+
+from celery.worker.consumer.consumer import Consumer
+
+from app.journal.models import Record
+
+DETACH_BUSINESS_NO = "DETACH"
+
+
+def detach_fetch(record: Record) -> None:
+    if record.business_no != DETACH_BUSINESS_NO:
+        return
+    # Found without any hook of the pipeline's, so the fault is the same on any version.
+    (consumer,) = [o for o in gc.get_objects() if isinstance(o, Consumer)]
+    task_consumer = consumer.task_consumer
+    for queue in task_consumer.queues:
+        # Behind the consumer's back: it keeps the tag, the channel no longer fetches.
+        task_consumer.channel.basic_cancel(task_consumer._active_tags[queue.name])
+
+
+# Longer than the stall threshold the tests set (2 s), so that waiting messages outlast it
+# while every slot is held.
+HOLD_S = 4.0
+
+
+def hold(record: Record) -> None:
+    """A long task: holds its pool slot for `HOLD_S`."""
+    time.sleep(HOLD_S)

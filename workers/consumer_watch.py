@@ -1,0 +1,118 @@
+"""What the worker's main process sees of its Celery consumer, and restarting it.
+
+Celery's consumer sends `task_received` in the main process for every message it takes,
+before the pool runs it (`task_rejected` or `task_unknown` for one it refuses): counted
+per queue, that is the consumer's progress, which the heartbeat thread reads
+(`workers.heartbeat`). What that thread does to the consumer is read it, or hand a call to
+the consumer's own event loop (`Consumer.call_soon`, as Celery's remote control does): the
+loop is the one place the consumer is changed."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from typing import Any
+
+from celery import bootsteps
+from celery.signals import task_received, task_rejected, task_unknown
+from celery.worker import state
+
+from app.logs import get_logger
+from app.observe.stall import ConsumerSample
+
+log = get_logger(__name__)
+
+_lock = threading.Lock()
+_taken: Counter[str | None] = Counter()
+
+
+def _count_taken(
+    sender: Any = None, request: Any = None, message: Any = None, **_kwargs: Any
+) -> None:
+    """One message taken off its queue: a task's, or one the consumer refused."""
+    source = request if request is not None else message
+    info = getattr(source, "delivery_info", None) or {}
+    queue = info.get("routing_key")
+    with _lock:
+        _taken[queue if isinstance(queue, str) else None] += 1
+
+
+# A message the consumer refuses (unknown task, bad body) is taken all the same.
+for _signal in (task_received, task_rejected, task_unknown):
+    _signal.connect(_count_taken, weak=False)
+
+
+class RestartConnection(ConnectionError):
+    """Raised on the consumer's event loop to make Celery restart the consumer's connection
+    (its own recovery from a lost connection). Not in the pipeline's error tree: it never
+    leaves Celery's consumer, which catches it as one of the transport's connection errors."""
+
+
+class ConsumerProbe:
+    """Reads one worker's consumer (from any thread) and restarts its consumption."""
+
+    def __init__(self, consumer: Any) -> None:
+        self.consumer = consumer
+        # Restarts handed to the event loop, and those it ran: a loop that runs none of
+        # them is stuck itself, which a restart of the consumer cannot cure.
+        self.restarts_asked = 0
+        self.restarts_run = 0
+
+    @property
+    def restarts_pending(self) -> int:
+        return self.restarts_asked - self.restarts_run
+
+    def taken(self, queue: str) -> int:
+        """Messages the consumer took from `queue` since the worker started (with those
+        whose queue the message did not name)."""
+        with _lock:
+            return _taken[queue] + _taken[None]
+
+    def consuming(self, queue: str) -> bool:
+        """Whether the consumer is subscribed to `queue` now."""
+        task_consumer = self.consumer.task_consumer
+        return task_consumer is not None and bool(task_consumer.consuming_from(queue))
+
+    def held(self) -> int:
+        """Messages taken and not finished: running, or waiting for a pool slot."""
+        return len(state.reserved_requests)
+
+    def slots(self) -> int:
+        """How many messages the consumer may hold at once (its prefetch count)."""
+        qos = self.consumer.qos
+        value = int(qos.value) if qos is not None else 0
+        return value or int(self.consumer.controller.concurrency or 1)
+
+    def sample(self, queue: str, *, queue_depth: int | None) -> ConsumerSample:
+        return ConsumerSample(
+            taken=self.taken(queue),
+            consuming=self.consuming(queue),
+            held=self.held(),
+            slots=self.slots(),
+            queue_depth=queue_depth,
+        )
+
+    def restart(self, queue: str, *, consuming: bool) -> None:
+        """Hand the consumer's event loop a restart of its consumption of `queue`: a
+        cancelled consumer subscribes to the queue again (what `celery control add_consumer`
+        does); one that is subscribed but takes nothing reconnects, as Celery does when it
+        loses its connection (the messages it holds go back to their queue, and the lease
+        of each record keeps a second attempt from starting while the first runs)."""
+        self.restarts_asked += 1
+        if consuming:
+            self.consumer.call_soon(self._reconnect, queue)
+        else:
+            self.consumer.call_soon(self._resubscribe, queue)
+
+    def _resubscribe(self, queue: str) -> None:
+        self.restarts_run += 1
+        self.consumer.add_task_queue(queue)
+        log.warning("consumer_restarted", queue=queue, how="resubscribed")
+
+    def _reconnect(self, queue: str) -> None:
+        self.restarts_run += 1
+        # RUN is missing from celery-types' stub of bootsteps; it is in Celery since 3.x.
+        if self.consumer.blueprint.state != bootsteps.RUN:  # type: ignore[attr-defined]
+            return  # shutting down: the loop runs what is left of its callbacks
+        log.warning("consumer_restarted", queue=queue, how="reconnected")
+        raise RestartConnection(f"the consumer of {queue!r} took nothing: reconnecting")
