@@ -8,7 +8,7 @@ import os
 import sys
 from datetime import datetime
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -44,11 +44,21 @@ def up(
     ),
 ) -> None:
     """Run the whole stack in the foreground; Ctrl-C stops it all."""
+    from app.intake.exposure import check_bind_host  # noqa: PLC0415
     from app.lines import LineRegistry  # noqa: PLC0415 - only `up` and the components need it
     from app.local.supervisor import run_stack  # noqa: PLC0415
 
     settings = _settings()
+    if not settings.intake_keys and not settings.dev_mode:
+        # A fresh checkout runs as it is: dev mode, asked for here, for every child.
+        os.environ["PIPELINE_DEV_MODE"] = "true"
+        settings = _settings()
+        print(
+            "dev mode  no PIPELINE_INTAKE_KEYS: the intake takes unsigned requests, from "
+            "this machine only (set PIPELINE_INTAKE_KEYS to leave dev mode)"
+        )
     LineRegistry.from_settings(settings)  # a bad line setting stops us before any child starts
+    check_bind_host(settings, settings.intake_host)
     raise typer.Exit(run_stack(settings, workdir=workdir.resolve()))
 
 
@@ -61,43 +71,34 @@ def intake(
     import uvicorn  # noqa: PLC0415
 
     from app.intake.asgi import tune_gc  # noqa: PLC0415
+    from app.intake.exposure import check_bind_host  # noqa: PLC0415
     from app.intake.main import create_app  # noqa: PLC0415
+    from app.intake.protocol import server_options  # noqa: PLC0415
     from app.journal.engine import refuse_unsafe_journal  # noqa: PLC0415
 
     settings = _settings()
-    app = create_app(settings)
-    refuse_unsafe_journal(settings.database_url)
-    tune_gc()
     bind = host or settings.intake_host
-    if settings.dev_mode:
-        print(
-            "intake: dev mode (no PIPELINE_INTAKE_KEYS): unsigned requests accepted, "
-            "listening on 127.0.0.1 only",
-            file=sys.stderr,
-        )
-        bind = "127.0.0.1"
+    check_bind_host(settings, bind)
+    refuse_unsafe_journal(settings.database_url)
+    app = create_app(settings)  # refuses no keys without dev mode; says so in dev mode
+    tune_gc()
     bind_port = port if port is not None else settings.intake_port
-    limits: dict[str, Any] = {
-        "timeout_keep_alive": settings.intake_keep_alive_seconds,
-        # A backstop behind the app's own limit (which answers with the JSON error).
-        "limit_concurrency": settings.intake_max_concurrent_requests * 2,
-        "server_header": False,
-        # What h11 (when used instead of httptools) buffers of an incomplete request; the
-        # app refuses headers past PIPELINE_INTAKE_MAX_HEADER_BYTES with 431.
-        "h11_max_incomplete_event_size": 64 * 1024,
-        "log_level": "warning",
-    }
+    # The same server options for one process and for several: the header limits are in
+    # the HTTP protocol they name (app.intake.protocol).
+    options = server_options(settings)
     if settings.intake_workers > 1:
+        # Each process builds its app from the environment: give it the host we bind.
+        os.environ["PIPELINE_INTAKE_HOST"] = bind
         uvicorn.run(
             "app.intake.asgi:app_from_env",
             factory=True,
             host=bind,
             port=bind_port,
             workers=settings.intake_workers,
-            **limits,
+            **options,
         )
         return
-    uvicorn.run(app, host=bind, port=bind_port, **limits)
+    uvicorn.run(app, host=bind, port=bind_port, **options)
 
 
 @cli.command()

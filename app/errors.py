@@ -23,8 +23,11 @@
     │   ├── Unauthenticated      who sent it is not known
     │   │   ├── BadSignature     the request's signature is missing or invalid
     │   │   └── AdminRequired    an admin endpoint was called without a token
-    │   ├── Forbidden            AdminForbidden: an admin endpoint was called with a wrong token
-    │   ├── Conflict             NonceReused: a known nonce came back with another body
+    │   ├── Forbidden            the caller may not do this
+    │   │   ├── AdminForbidden   an admin endpoint was called with a wrong token
+    │   │   └── NotLoopback      dev mode, and the client is not on this machine
+    │   ├── HostNotAllowed       dev mode, and the request's Host is not a loopback name
+    │   ├── Conflict             NonceReused: a known nonce came back with another body or line
     │   └── Throttled            try again after `retry_after_s`
     │       ├── RateLimited      a line's requests are over its intake rate
     │       └── QueueFull        a line's queue is full under `reject` (the record is kept)
@@ -224,6 +227,19 @@ class AdminForbidden(Forbidden):
     """The admin token is not valid."""
 
     code = "admin_forbidden"
+
+
+class NotLoopback(Forbidden):
+    """The intake is in dev mode: it answers clients on its own machine only."""
+
+    code = "not_loopback"
+
+
+class HostNotAllowed(Refused):
+    """The intake is in dev mode: it answers requests whose Host is localhost, 127.0.0.1
+    or [::1] only."""
+
+    code = "host_not_allowed"
 
 
 class RecordNotFound(NotFound):

@@ -27,6 +27,7 @@ from pydantic_settings import (
 )
 from pydantic_settings.exceptions import SettingsError
 
+from app.dedup_keys import MIN_SECRET_BYTES, key_id_problem
 from app.errors import ConfigError
 from app.sink_settings import (
     CHECK_URL_ID,
@@ -180,6 +181,9 @@ class Settings(BaseSettings):
     intake_port: int = Field(default=8000, ge=0, le=65535)
     intake_workers: int = Field(default=1, ge=1, le=64)
     intake_keys: dict[str, SecretStr] = Field(default_factory=dict)
+    # Without intake keys the intake refuses to start unless this is set: then it takes
+    # unsigned requests from this machine only (`in_dev_mode`).
+    dev_mode: bool = False
     admin_token: SecretStr | None = None
     max_body_bytes: int = Field(default=DEFAULT_MAX_BODY_BYTES, ge=1024)
     # A request waits this long at most for the journal to take its record, then gets 503.
@@ -190,6 +194,9 @@ class Settings(BaseSettings):
     intake_body_timeout_seconds: float = Field(default=10, gt=0)
     intake_keep_alive_seconds: int = Field(default=5, ge=1)
     intake_max_header_bytes: int = Field(default=16 * 1024, ge=1024)
+    # A connection whose request line and headers have not all arrived this long after it
+    # opened (on a kept-alive connection: after the next request's first byte) is closed.
+    intake_header_timeout_seconds: float = Field(default=10, gt=0)
     timestamp_window_seconds: int = Field(default=300, ge=1)
     alert_webhooks: list[WebhookSettings] = Field(default_factory=list)
     alert_window_seconds: float = Field(default=60, gt=0)
@@ -255,6 +262,22 @@ class Settings(BaseSettings):
             merged[name] = {**defaults, **override}
         return merged
 
+    @field_validator("intake_keys")
+    @classmethod
+    def _unambiguous_keys_and_long_secrets(
+        cls, value: dict[str, SecretStr]
+    ) -> dict[str, SecretStr]:
+        # Named by key id, never by secret (the message is printed).
+        for key_id, secret in value.items():
+            problem = key_id_problem(key_id)
+            if problem is not None:
+                raise ValueError(f"key id {key_id!r} {problem}")
+            if len(secret.get_secret_value().encode()) < MIN_SECRET_BYTES:
+                raise ValueError(
+                    f"the secret of key id {key_id!r} is shorter than {MIN_SECRET_BYTES} bytes"
+                )
+        return value
+
     @field_validator("flower_basic_auth")
     @classmethod
     def _user_and_password(cls, value: SecretStr | None) -> SecretStr | None:
@@ -262,6 +285,10 @@ class Settings(BaseSettings):
             user, sep, password = value.get_secret_value().partition(":")
             if not (user and sep and password) or any(c.isspace() for c in user + password):
                 raise ValueError("must be user:password (no spaces)")
+            # Flower splits its credential on commas into several, each let in alone: with
+            # `admin:abc,def`, `admin:abc` and a bare `def`.
+            if "," in user + password:
+                raise ValueError("must not contain ',' (Flower would split it in several)")
         return value
 
     @model_validator(mode="after")
@@ -294,9 +321,11 @@ class Settings(BaseSettings):
         return self.visibility_timeout_seconds * 0.95
 
     @property
-    def dev_mode(self) -> bool:
-        """No intake keys: unsigned requests, loopback only."""
-        return not self.intake_keys
+    def in_dev_mode(self) -> bool:
+        """Dev mode asked for and no intake keys: unsigned requests, from this machine
+        only, admin endpoints open unless an admin token is set. With keys, requests are
+        signed whatever `dev_mode` says."""
+        return self.dev_mode and not self.intake_keys
 
     @classmethod
     def settings_customise_sources(
@@ -330,7 +359,8 @@ def load_settings(**overrides: Any) -> Settings:
     except ValidationError as exc:
         first = exc.errors()[0]
         name = _variable_name(first["loc"]) if first["loc"] else "settings"
-        raise ConfigError(f"{name}: {first['msg']}") from None
+        message = first["msg"].removeprefix("Value error, ")
+        raise ConfigError(f"{name}: {message}") from None
     except SettingsError as exc:
         match = re.search(r'field "(\w+)"', str(exc))
         name = _variable_name((match.group(1),)) if match else "settings"

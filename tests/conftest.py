@@ -188,6 +188,8 @@ def _running_harness(
         PIPELINE_SWEEP_INTERVAL_SECONDS="0.5",
         PIPELINE_RECEIVED_GRACE_SECONDS="1",
         PIPELINE_LOG_LEVEL="INFO",
+        # Without keys the intake starts only in dev mode; a test that sets keys signs.
+        PIPELINE_DEV_MODE="true",
     )
     h = Harness(env=env, tmp_path=tmp_path, monkeypatch=monkeypatch)
     try:

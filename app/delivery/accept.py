@@ -114,8 +114,12 @@ class Acceptor:
         admit: dict[str, list[int]] = {}
         for i, (new, (record, created)) in enumerate(zip(news, stored, strict=True)):
             if not created:
+                # Sent again as Retry-After asked: the same body, to the same line (a nonce
+                # sent to another line is refused by the caller, and moves nothing here).
                 retry = (
-                    record.status is RecordStatus.REJECTED and record.body_sha256 == new.body_sha256
+                    record.status is RecordStatus.REJECTED
+                    and record.body_sha256 == new.body_sha256
+                    and record.line == new.line
                 )
                 if not (retry and self._move(record, TransitionEvent.RESENT, clock)):
                     results[i] = Acceptance(record=record, status=record.status, created=False)

@@ -31,6 +31,9 @@ STATUS_BY_ERROR: dict[type[errors.PipelineError], int] = {
     errors.NotFound: 404,
     errors.Unauthenticated: 401,
     errors.Forbidden: 403,
+    # Misdirected Request: this server does not answer for that authority (a name that
+    # resolves here, as in DNS rebinding, is not one of its own).
+    errors.HostNotAllowed: 421,
     errors.Conflict: 409,
     errors.Throttled: 429,
 }

@@ -1,5 +1,6 @@
 """The intake's limits on each request, before any route sees it: headers past a size or
-count are refused with 431 (uvicorn's fast parser sets no limit of its own); requests in
+count are refused with 431 (the size is also bounded while headers are read, by the HTTP
+protocol `pipeline intake` runs: app.intake.protocol); requests in
 flight past a number are answered 503 with `Retry-After` at once, rather than queued
 until the process falls over. Health checks are exempt from the second, so an overloaded
 intake still says it is alive. Both answers are the usual JSON error."""

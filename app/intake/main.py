@@ -12,7 +12,9 @@ from fastapi import FastAPI
 
 from app.clock import utcnow
 from app.delivery.group_commit import GroupAccept
+from app.errors import ConfigError
 from app.intake import errors, routes
+from app.intake.exposure import LoopbackOnly, check_keys_or_dev_mode
 from app.intake.limits import RequestLimits
 from app.intake.pacing import pacers_for
 from app.lines import LineRegistry
@@ -25,8 +27,14 @@ DB_POOL_SIZE = 10
 
 
 def create_app(settings: Settings) -> FastAPI:
-    """The intake app for `settings`. Raises `ConfigError` for a bad line setting."""
+    """The intake app for `settings`. Raises `ConfigError` for a bad line setting, or for
+    no intake keys without dev mode (`app.intake.exposure`)."""
     rt = Runtime.build(settings, db_pool_size=DB_POOL_SIZE)
+    try:
+        check_keys_or_dev_mode(settings)
+    except ConfigError:
+        rt.close()
+        raise
     # New records deferred behind older ones while their queue has room: push the older
     # ones now, rather than at the sweeper's next pass.
     drainer = Drainer(rt.sweeper, clock=utcnow)
@@ -55,6 +63,8 @@ def create_app(settings: Settings) -> FastAPI:
         limit=settings.intake_max_concurrent_requests,
         max_header_bytes=settings.intake_max_header_bytes,
     )
+    if settings.in_dev_mode:
+        app.add_middleware(LoopbackOnly)  # added last: the outermost, before any limit
     app.include_router(routes.router)
     _document_lines(app, rt.lines)
     return app

@@ -18,6 +18,7 @@ from sqlalchemy import text
 from starlette.concurrency import run_in_threadpool
 
 from app.clock import as_utc, utcnow
+from app.dedup_keys import DEV
 from app.delivery.group_commit import GroupAccept
 from app.errors import (
     AdminForbidden,
@@ -33,7 +34,7 @@ from app.ids import digest, new_id
 from app.intake.body import parse_payload, read_body
 from app.intake.errors import count_outcomes
 from app.intake.pacing import Pacer
-from app.intake.signing import Caller, verify
+from app.intake.signing import MAX_NONCE_LENGTH, Caller, verify
 from app.intake.views import line_status_view, record_view
 from app.journal import store
 from app.journal.models import RecordStatus, Source
@@ -124,7 +125,7 @@ RuntimeDep = Annotated[Runtime, Depends(runtime)]
 def require_admin(request: Request, rt: RuntimeDep) -> None:
     """Admin endpoints take `Authorization: Bearer <token>`; open in dev mode without one."""
     token = rt.settings.admin_token
-    if token is None and rt.settings.dev_mode:
+    if token is None and rt.settings.in_dev_mode:
         return
     header = request.headers.get("authorization", "")
     scheme, _, given = header.partition(" ")
@@ -143,9 +144,9 @@ def caller_run_limiter(request: Request, line: str, tokens: int) -> anyio.Capaci
 
 
 def _caller(request: Request, rt: Runtime, body: bytes) -> Caller:
-    if rt.settings.dev_mode:
+    if rt.settings.in_dev_mode:
         nonce = request.headers.get("x-nonce") or new_id(utcnow())
-        return Caller(key_id="dev", nonce=nonce[:128])
+        return Caller(key_id=DEV, nonce=nonce[:MAX_NONCE_LENGTH])
     return verify(
         request.headers,
         body,
@@ -339,6 +340,9 @@ async def post_record(line: str, request: Request, rt: RuntimeDep) -> JSONRespon
     group: GroupAccept = request.app.state.group_accept
     result = await group.accept(new)
     record = result.record
+    if not result.created and record.line != new.line:
+        # Not the other line's record: that would tell this caller what it holds.
+        raise NonceReused("this nonce was already used for another line")
     if not result.created and record.body_sha256 != new.body_sha256:
         raise NonceReused("this nonce was already used with a different body")
     status = result.status

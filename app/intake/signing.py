@@ -9,23 +9,24 @@ from dataclasses import dataclass
 
 from pydantic import SecretStr
 
+from app.dedup_keys import MAX_KEY_ID_LENGTH, intake_key
 from app.errors import BadSignature
 
 # A nonce is an opaque client token; bounded so the dedup key fits its column.
 MAX_NONCE_LENGTH = 128
-MAX_KEY_ID_LENGTH = 128
 
 
 @dataclass(frozen=True, kw_only=True)
 class Caller:
-    """Who sent a request, and its nonce: together they are the dedup key."""
+    """Who sent a request, and its nonce: together they are the dedup key, unambiguous
+    because a key id never contains its separator (`app.dedup_keys`)."""
 
     key_id: str
     nonce: str
 
     @property
     def dedup_key(self) -> str:
-        return f"{self.key_id}:{self.nonce}"
+        return intake_key(self.key_id, self.nonce)
 
 
 def sign(secret: str, *, timestamp: str, nonce: str, body: bytes) -> str:

@@ -102,7 +102,7 @@ class Stack:
             child.start(env)
             assert child.process is not None
             print(f"{child.name:<9} started (pid {child.process.pid})")
-        host = "127.0.0.1" if self.settings.dev_mode else self.settings.intake_host
+        host = "127.0.0.1" if self.settings.in_dev_mode else self.settings.intake_host
         print(f"intake    listening on http://{host}:{self.settings.intake_port}")
         flower_url = f"http://{self.settings.flower_host}:{self.settings.flower_port}"
         if flower_auth is None:

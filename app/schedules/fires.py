@@ -5,8 +5,9 @@ made twice (two beats, a restart) is stored and run once."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 
+from app.dedup_keys import schedule_key
 from app.delivery.accept import Acceptor
 from app.errors import PipelineError
 from app.ids import digest, new_id
@@ -22,7 +23,8 @@ log = get_logger(__name__)
 
 
 def dedup_key(name: str, fire: datetime) -> str:
-    return f"schedule:{name}:{fire.astimezone(UTC).isoformat()}"
+    # Its own namespace, which no intake key id may take (app.dedup_keys).
+    return schedule_key(name, fire)
 
 
 @dataclass(frozen=True, kw_only=True)

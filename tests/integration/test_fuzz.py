@@ -22,7 +22,7 @@ from schemathesis.specs.openapi.checks import (
 
 from tests.support.harness import signed_headers
 
-KEY_ID, SECRET = "fuzz-key", "fuzz-secret"
+KEY_ID, SECRET = "fuzz-key", "fuzz-secret-of-16-bytes"
 ADMIN = "fuzz-admin-token"
 EXAMPLES = 40
 OUTCOMES: Counter[int] = Counter()

@@ -1,6 +1,7 @@
 """Hostile requests at the socket level, against `pipeline intake` as it is deployed (its
-uvicorn limits included): headers with CR, a Content-Length that lies, a client sending a
-byte a second, more requests in flight than allowed; and signatures that must not work."""
+uvicorn limits included): headers with CR, headers without end or sent too slowly, a
+Content-Length that lies, a client sending a byte a second, more requests in flight than
+allowed; and signatures and nonces that must not work."""
 
 from __future__ import annotations
 
@@ -9,6 +10,9 @@ import select
 import socket
 import threading
 import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
 
 import httpx
 import pytest
@@ -19,8 +23,10 @@ from tests.support.processes import free_port, wait_for
 # HTTP, Redis or the browser: the journal's database plays no part.
 pytestmark = pytest.mark.journal_independent
 
-KEY_ID, SECRET = "shop-1", "s3cret-value"
-OTHER_ID, OTHER_SECRET = "shop-2", "other-s3cret"
+KEY_ID, SECRET = "shop-1", "s3cret-value-of-shop-1"
+OTHER_ID, OTHER_SECRET = "shop-2", "other-s3cret-of-shop-2"
+# The intake's header timeout in these tests (the setting's default is 10 s).
+HEADER_TIMEOUT_S = 2
 BODY = b'{"business_no": "A-1"}'
 
 
@@ -67,15 +73,22 @@ def request_head(headers: dict[str, str], *, length: int, line: str = "order") -
     return ("\r\n".join(lines) + "\r\n\r\n").encode()
 
 
+@dataclass(frozen=True)
+class IntakeProcess:
+    port: int
+    pid: int
+
+
 @pytest.fixture
-def intake(harness):
-    """`pipeline intake` in its own process, signed mode, small limits; yields its port."""
+def intake_process(harness):
+    """`pipeline intake` in its own process, signed mode, small limits."""
     port = free_port()
     harness.configure(
         intake_keys=json.dumps({KEY_ID: SECRET, OTHER_ID: OTHER_SECRET}),
         admin_token="admin-token",
         intake_port=str(port),
         intake_body_timeout_seconds="1",
+        intake_header_timeout_seconds=str(HEADER_TIMEOUT_S),
         intake_max_concurrent_requests="2",
     )
     process = harness.run("intake")
@@ -89,7 +102,13 @@ def intake(harness):
             return False
 
     wait_for(healthy, timeout_s=30, what="pipeline intake to answer")
-    return port
+    return IntakeProcess(port=port, pid=process.pid)
+
+
+@pytest.fixture
+def intake(intake_process):
+    """The port of `intake_process`."""
+    return intake_process.port
 
 
 def test_a_header_value_with_a_carriage_return_is_refused(harness, intake):
@@ -110,6 +129,175 @@ def test_headers_past_the_parsers_limit_are_refused(harness, intake):
     answer = raw(intake, request_head(many, length=len(BODY)) + BODY)
     assert status_of(answer) == 431
     assert harness.record_count() == 0
+
+
+# Each flooding connection sends at most this much, for at most this long: far past any
+# header limit, and bounded so that the test ends whatever the server does.
+FLOOD_BYTES = 256 * 1024 * 1024
+FLOOD_FOR_S = 6
+FLOOD_CHUNK = b"a" * (256 * 1024)
+FLOODERS = 5
+# What the intake process may hold in resident memory while five connections each send it
+# a header of hundreds of MiB: it serves in well under 150 MiB (the journal, FastAPI and
+# SQLAlchemy included); a parser that buffers the floods needs several times this.
+RSS_BOUND_BYTES = 256 * 1024 * 1024
+
+
+def rss_bytes(pid: int) -> int:
+    """The resident memory of process `pid` (VmRSS)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"process {pid} has no VmRSS")
+
+
+def flood_one_header(port: int) -> tuple[int, bool]:
+    """Open a request and send one header value without end, in chunks, until the server
+    closes the connection or the budget (`FLOOD_BYTES`, `FLOOD_FOR_S`) is spent. Returns
+    the bytes sent and whether the server closed the connection."""
+    sent = 0
+    deadline = time.monotonic() + FLOOD_FOR_S
+    with socket.create_connection(("127.0.0.1", port), timeout=FLOOD_FOR_S) as sock:
+        try:
+            sock.sendall(b"POST /v1/order HTTP/1.1\r\nHost: intake\r\nX-Flood: ")
+            while sent < FLOOD_BYTES and time.monotonic() < deadline:
+                sock.sendall(FLOOD_CHUNK)
+                sent += len(FLOOD_CHUNK)
+        except TimeoutError:
+            pass  # the server stopped reading without closing: seen below
+        except OSError:
+            return sent, True  # reset or broken pipe: the server closed it
+        sock.settimeout(2)
+        try:
+            while True:  # whatever it answered (a 431), then the end of the connection
+                if not sock.recv(65536):
+                    return sent, True
+        except TimeoutError:
+            return sent, False
+        except OSError:
+            return sent, True
+
+
+def test_headers_without_end_are_cut_off_while_read_and_others_are_served(harness, intake_process):
+    port, pid = intake_process.port, intake_process.pid
+    results: list[tuple[int, bool]] = []
+    threads = [
+        threading.Thread(target=lambda: results.append(flood_one_header(port)), daemon=True)
+        for _ in range(FLOODERS)
+    ]
+    peak = rss_bytes(pid)
+    for thread in threads:
+        thread.start()
+    body = b'{"business_no": "DURING-FLOOD"}'
+    try:
+        served = httpx.post(
+            f"http://127.0.0.1:{port}/v1/order",
+            content=body,
+            headers=signed_headers(KEY_ID, SECRET, body),
+            timeout=FLOOD_FOR_S + 5,
+        ).status_code
+    except httpx.HTTPError as exc:
+        served = repr(exc)
+    while any(thread.is_alive() for thread in threads):
+        peak = max(peak, rss_bytes(pid))
+        time.sleep(0.05)  # sampling the memory while the floods run
+        for thread in threads:
+            thread.join(timeout=0)
+    for thread in threads:
+        thread.join(timeout=FLOOD_FOR_S + 10)
+    peak = max(peak, rss_bytes(pid))
+    assert peak < RSS_BOUND_BYTES, f"the intake held {peak / 2**20:.0f} MiB"
+    assert served == 202
+    assert len(results) == FLOODERS
+    assert all(closed for _sent, closed in results), results
+    assert [r.business_no for r in harness.records()] == ["DURING-FLOOD"]
+
+
+def test_several_intake_processes_cut_headers_off_while_read_too(harness):
+    port = free_port()
+    harness.configure(
+        intake_keys=json.dumps({KEY_ID: SECRET}), intake_port=str(port), intake_workers="2"
+    )
+    process = harness.run("intake")
+
+    def healthy() -> bool:
+        assert process.process is not None
+        assert process.process.poll() is None, process.output()
+        try:
+            return httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    wait_for(healthy, timeout_s=30, what="two intake processes to answer")
+    # A header that never ends: only a limit applied while reading answers it.
+    answer = raw(port, b"POST /v1/order HTTP/1.1\r\nHost: intake\r\nX-Flood: " + b"a" * 2**16)
+    assert status_of(answer) == 431
+    assert json_error(answer)["code"] == "headers_too_large"
+    _sent, closed = flood_one_header(port)
+    assert closed
+
+
+def test_requests_one_after_another_and_pipelined_on_one_connection_are_all_answered(intake):
+    """The header limit counts each request's headers afresh: a connection may carry many."""
+
+    def signed(n: int) -> bytes:
+        body = b'{"business_no": "KEPT-%d"}' % n
+        return request_head(signed_headers(KEY_ID, SECRET, body), length=len(body)) + body
+
+    def statuses(answers: BinaryIO, count: int) -> list[int]:
+        found = []
+        for _ in range(count):
+            found.append(status_of(answers.readline()))
+            length = 0
+            while (line := answers.readline()) not in (b"\r\n", b""):
+                name, _, value = line.partition(b":")
+                if name.strip().lower() == b"content-length":
+                    length = int(value)
+            answers.read(length)
+        return found
+
+    with (
+        socket.create_connection(("127.0.0.1", intake), timeout=10) as sock,
+        sock.makefile("rb") as answers,
+    ):
+        for n in range(3):
+            sock.sendall(signed(n))
+            assert statuses(answers, 1) == [202]
+        sock.sendall(signed(3) + signed(4))  # two requests in one write
+        assert statuses(answers, 2) == [202, 202]
+
+
+def test_a_request_whose_headers_never_end_is_closed_after_the_header_timeout(intake):
+    with socket.create_connection(("127.0.0.1", intake), timeout=10) as sock:
+        sock.sendall(b"POST /v1/order HTTP/1.1\r\nHost: intake\r\nX-Slow: ")
+        started = time.monotonic()
+        answer = b""
+        # A byte now and then, never the end of the headers, until the server closes the
+        # connection or three header timeouts have passed.
+        while time.monotonic() - started < 3 * HEADER_TIMEOUT_S:
+            try:
+                sock.sendall(b"a")
+            except OSError:
+                break
+            if select.select([sock], [], [], 0.25)[0]:
+                chunk = sock.recv(65536)
+                answer += chunk
+                if not chunk:
+                    break
+        else:
+            raise AssertionError(f"still open after {3 * HEADER_TIMEOUT_S} s: {answer!r}")
+    assert answer == b"" or status_of(answer) == 408, answer
+
+
+def test_a_connection_that_sends_nothing_is_closed_after_the_header_timeout(intake):
+    with socket.create_connection(("127.0.0.1", intake), timeout=3 * HEADER_TIMEOUT_S) as sock:
+        try:
+            answer = sock.recv(65536)
+        except TimeoutError:
+            raise AssertionError(f"still open after {3 * HEADER_TIMEOUT_S} s") from None
+        while answer and (more := sock.recv(65536)):
+            answer += more
+    assert answer == b"" or status_of(answer) == 408, answer
 
 
 def test_a_content_length_longer_than_the_body_gets_408_once_the_timeout_passes(harness, intake):
@@ -254,3 +442,35 @@ def test_the_nonce_is_remembered_across_an_intake_restart(harness):
     assert reused.status_code == 409
     assert reused.json()["error"]["code"] == "nonce_reused"
     assert harness.record_count() == 1
+
+
+def test_a_known_nonce_sent_to_another_line_is_a_conflict(harness):
+    harness.configure(intake_keys=json.dumps({KEY_ID: SECRET}))
+    client = harness.start_intake()
+    headers = signed_headers(KEY_ID, SECRET, BODY, nonce="nonce-of-an-order")
+    created = client.post("/v1/order", content=BODY, headers=headers)
+    assert created.status_code == 202
+    elsewhere = client.post("/v1/refund", content=BODY, headers=headers)
+    assert elsewhere.status_code == 409, elsewhere.text
+    assert elsewhere.json()["error"]["code"] == "nonce_reused"
+    assert "id" not in elsewhere.json()  # nothing of the other line's record
+    assert [(r.line, r.id) for r in harness.records()] == [("order", created.json()["id"])]
+
+
+def test_a_rejected_records_nonce_sent_to_another_line_does_not_admit_it_again(harness):
+    harness.configure(
+        intake_keys=json.dumps({KEY_ID: SECRET}),
+        lines__order__overflow="reject",
+        lines__order__max_queue_length="1",
+    )
+    client = harness.start_intake()
+    first = b'{"business_no": "FIRST"}'
+    assert client.post("/v1/order", content=first, headers=signed_headers(KEY_ID, SECRET, first))
+    headers = signed_headers(KEY_ID, SECRET, BODY, nonce="nonce-rejected")
+    rejected = client.post("/v1/order", content=BODY, headers=headers)
+    assert rejected.status_code == 429
+    harness.runtime().redis.delete("order")  # room on the order queue again
+    elsewhere = client.post("/v1/refund", content=BODY, headers=headers)
+    assert elsewhere.status_code == 409, elsewhere.text
+    kept = {r.id: r for r in harness.records()}[rejected.json()["id"]]
+    assert (kept.line, kept.status.value) == ("order", "rejected")

@@ -9,7 +9,7 @@ import pytest
 
 from tests.support.harness import signed_headers
 
-KEY_ID, SECRET = "shop-1", "s3cret-value"
+KEY_ID, SECRET = "shop-1", "s3cret-value-of-shop-1"
 ADMIN = "admin-token-123"
 
 

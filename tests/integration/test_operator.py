@@ -18,7 +18,7 @@ from tests.support.harness import Harness, signed_headers
 from tests.support.metrics import Samples, metric, samples
 from tests.support.processes import Component, free_port, wait_for
 
-KEY_ID, SECRET = "shop-1", "shop-secret"
+KEY_ID, SECRET = "shop-1", "shop-secret-of-16-bytes"
 FLOWER_USER, FLOWER_PASSWORD = "ops", "flower-pw-1"
 LINES = ("order", "refund", "status")
 

@@ -7,17 +7,19 @@ and every error body is searched for each secret."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import httpx
+import pytest
 from sqlalchemy.engine import make_url
 
 from app.local.embedded_redis import RedisServer
 from tests.support.harness import signed_headers
-from tests.support.processes import free_port, wait_for
+from tests.support.processes import free_port, run_until_exit, wait_for
 from tests.support.recorder import Recorder
 
 PIPELINE = str(Path(sys.executable).with_name("pipeline"))
@@ -159,3 +161,25 @@ def _answers(url: str, auth: tuple[str, str] | None = None) -> bool:
         return httpx.get(url, auth=auth, timeout=2).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+@pytest.mark.parametrize("command", ["flower", "up"])
+def test_a_flower_credential_with_a_comma_stops_flower_and_up_at_start(command, tmp_path):
+    """Flower splits its credential on commas: `admin:abc,def` would let in `admin:abc`
+    and a bare `def`. Such a credential stops the command with one line that names the
+    variable and shows nothing of the credential."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIPELINE_")}
+    env |= {
+        "PIPELINE_FLOWER_BASIC_AUTH": "admin:abc-secret,def-secret",
+        "PIPELINE_FLOWER_PORT": str(free_port()),
+        "PIPELINE_INTAKE_PORT": str(free_port()),
+        # Nothing listens there: a command that got past its checks would not get far.
+        "PIPELINE_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0",
+    }
+    code, stderr = run_until_exit([PIPELINE, command], env=env, cwd=tmp_path, timeout_s=20)
+    assert code == 2, f"{command} did not refuse to start (exit code {code}): {stderr}"
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1, stderr
+    assert "PIPELINE_FLOWER_BASIC_AUTH" in lines[0]
+    assert "abc-secret" not in stderr
+    assert "def-secret" not in stderr

@@ -15,6 +15,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 # How long to wait for a process group to go once SIGKILL was sent to it.
 KILLED_EXIT_TIMEOUT_S = 10
+# How long `run_until_exit` lets a process stop on SIGTERM before it kills its group.
+STOP_TIMEOUT_S = 60
 
 
 def free_port() -> int:
@@ -105,3 +107,31 @@ def group_alive(pgid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def run_until_exit(
+    argv: list[str], *, env: dict[str, str], cwd: Path, timeout_s: float
+) -> tuple[int | None, str]:
+    """Run `argv` in `cwd` until it exits or `timeout_s` passes; then it is asked to stop
+    (SIGTERM: `pipeline up` stops its children, which are in process groups of their own),
+    and its process group is killed. Returns its exit code (None: it was still running)
+    and its stderr."""
+    err_path = cwd / f"stderr-{time.monotonic_ns()}.txt"
+    with err_path.open("wb") as err:
+        process = subprocess.Popen(
+            argv, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True
+        )
+    try:
+        code: int | None = process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        code = None
+    finally:
+        if process.poll() is None:
+            process.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=STOP_TIMEOUT_S)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=KILLED_EXIT_TIMEOUT_S)
+    return code, err_path.read_text(errors="replace")

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from app.errors import ConfigError
@@ -17,7 +19,7 @@ def test_defaults_declare_the_three_lines():
         4,
         8,
     )
-    assert settings.dev_mode
+    assert not settings.dev_mode  # asked for with PIPELINE_DEV_MODE, never implied
     assert settings.redis_url == "redis://127.0.0.1:6379/0"
     assert settings.database_url == "sqlite:///./pipeline.db"
 
@@ -52,10 +54,74 @@ def test_batch_size_defaults_to_a_batch_on_the_table_sink_and_one_elsewhere(monk
 
 
 def test_intake_keys_leave_dev_mode(monkeypatch):
-    monkeypatch.setenv("PIPELINE_INTAKE_KEYS", '{"shop": "s3cret"}')
+    monkeypatch.setenv("PIPELINE_INTAKE_KEYS", '{"shop": "s3cret-of-16-bytes"}')
+    monkeypatch.setenv("PIPELINE_DEV_MODE", "true")
     settings = load_settings()
-    assert not settings.dev_mode
+    assert not settings.in_dev_mode
     assert "s3cret" not in repr(settings)
+
+
+def test_dev_mode_is_in_force_only_when_asked_for_and_no_keys_are_set(monkeypatch):
+    assert not load_settings().in_dev_mode
+    monkeypatch.setenv("PIPELINE_DEV_MODE", "true")
+    assert load_settings().in_dev_mode
+
+
+@pytest.mark.parametrize(
+    ("keys", "key_id", "problem"),
+    [
+        # "shop" + nonce "1:abc" and "shop:1" + nonce "abc" would be one dedup key.
+        ({"shop:1": "a-secret-long-enough"}, "shop:1", "':'"),
+        # The dedup keys of scheduled fires are schedule:<name>:<time>.
+        ({"schedule": "a-secret-long-enough"}, "schedule", "reserved"),
+        ({"bench": "a-secret-long-enough"}, "bench", "reserved"),
+        ({"dev": "a-secret-long-enough"}, "dev", "reserved"),
+        ({"shop": ""}, "shop", "16 bytes"),
+        ({"shop": "fifteen-bytes.."}, "shop", "16 bytes"),
+        ({"ok": "a-secret-long-enough", "": "a-secret-long-enough"}, "''", "empty"),
+    ],
+)
+def test_an_ambiguous_or_reserved_key_id_or_a_short_secret_is_refused(
+    monkeypatch, keys, key_id, problem
+):
+    monkeypatch.setenv("PIPELINE_INTAKE_KEYS", json.dumps(keys))
+    with pytest.raises(ConfigError) as caught:
+        load_settings()
+    message = str(caught.value)
+    assert message.startswith("PIPELINE_INTAKE_KEYS: ")
+    assert key_id in message
+    assert problem in message
+    assert "\n" not in message
+    for secret in keys.values():
+        assert not secret or secret not in message
+
+
+def test_a_secret_of_16_bytes_and_a_key_id_with_dots_and_dashes_are_accepted(monkeypatch):
+    monkeypatch.setenv("PIPELINE_INTAKE_KEYS", '{"shop-1.eu_west": "sixteen-bytes..."}')
+    assert list(load_settings().intake_keys) == ["shop-1.eu_west"]
+
+
+@pytest.mark.parametrize(
+    "credential",
+    [
+        # Flower splits its credential on commas: this one would let in `admin:abc` and,
+        # with no user at all, `def`.
+        "admin:abc,def",
+        "admin:abc,ops:def",
+        "admin:,",
+        "admin",
+        "admin:pass word",
+    ],
+)
+def test_a_flower_credential_flower_cannot_take_whole_is_refused(monkeypatch, credential):
+    monkeypatch.setenv("PIPELINE_FLOWER_BASIC_AUTH", credential)
+    with pytest.raises(ConfigError) as caught:
+        load_settings()
+    message = str(caught.value)
+    assert message.startswith("PIPELINE_FLOWER_BASIC_AUTH: ")
+    password = credential.partition(":")[2]
+    if password.strip(","):
+        assert password not in message
 
 
 def test_a_toml_file_named_by_pipeline_config_is_read(monkeypatch, tmp_path):
