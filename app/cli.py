@@ -137,7 +137,8 @@ def worker(
 
 @cli.command()
 def beat() -> None:
-    """Run Celery beat with the pipeline's scheduler (the sweeper runs inside it)."""
+    """Run Celery beat with the pipeline's scheduler: the cron schedules, and the sweeper, the
+    lost-message check, the queue monitor and retention while it holds the beat lock."""
     from app.celery_app import BEAT_SCHEDULER, create_celery  # noqa: PLC0415
     from app.journal.engine import refuse_unsafe_journal  # noqa: PLC0415
     from app.lines import LineRegistry  # noqa: PLC0415
