@@ -7,7 +7,6 @@ from __future__ import annotations
 import functools
 import json
 import sys
-import threading
 import time
 import uuid
 from datetime import UTC, datetime, timedelta
@@ -17,10 +16,8 @@ from sqlalchemy import Engine, insert
 
 from app.bench.load import LoadResult, Request, merged, run_load
 from app.bench.procs import log_path, wait_until
-from app.bench.stack import BENCH_BOUND, BenchStack, load_figures, order_body, signed_request
+from app.bench.stack import BenchStack, load_figures, order_body, signed_request
 from app.journal.models import RecordStatus, Source, records
-from app.runtime import Runtime
-from app.settings import load_settings
 
 # Rows written per statement while a journal is filled.
 FILL_BATCH = 10_000
@@ -30,6 +27,8 @@ POLLERS = 8
 RETENTION_DAYS = 30
 # The intake's load runs in slices of this while a purge runs, until the purge ends.
 SLICE_S = 1.0
+# The longest a purge may take here.
+PURGE_TIMEOUT_S = 900.0
 
 
 def fill_journal(
@@ -132,34 +131,35 @@ def polled(bench: BenchStack) -> None:
 
 
 def retention(bench: BenchStack) -> None:
-    """One retention run over a journal of expired records, the intake under load meanwhile;
-    beside the intake alone on the same journal before the purge."""
+    """One retention run over a journal of expired records, in a process of its own, the
+    intake under load meanwhile; beside the intake alone on the same journal before it."""
     sizes, rows = bench.sizes, bench.sizes.journal_rows
     bench.reset()
     bench.progress(f"retention: filling the journal with {rows:,} expired done records")
-    settings = load_settings(
-        redis_url=bench.redis_url,
-        database_url=bench.database_url,
-        retention_days=RETENTION_DAYS,
-        lines={"order": {"max_queue_length": BENCH_BOUND}},
-    )
-    rt = Runtime.build(settings)
+    engine = bench.engine()
     try:
         expired = datetime.now(UTC) - timedelta(days=RETENTION_DAYS + 10)
-        fill_journal(rt.engine, rows, status=RecordStatus.DONE, at=expired, finished_at=expired)
-        warmup, measured = _requests(10_000_000)
-        with bench.server("intake-retention", "app.intake.asgi:app_from_env") as (url, _child):
-            run_load(url, warmup, concurrency=sizes.concurrency, duration_s=sizes.warmup_s)
-            bench.progress(f"retention: intake alone, {sizes.intake_s:.0f} s")
-            alone = run_load(
-                url, measured, concurrency=sizes.concurrency, duration_s=sizes.intake_s
-            )
-            bench.progress(f"retention: purging {rows:,} records under the intake's load")
-            purge = _Purge(rt)
-            purge.thread.start()
-            slices: list[LoadResult] = []
-            offset = 20_000_000
-            while purge.thread.is_alive():
+        fill_journal(engine, rows, status=RecordStatus.DONE, at=expired, finished_at=expired)
+    finally:
+        engine.dispose()
+    warmup, measured = _requests(10_000_000)
+    with bench.server("intake-retention", "app.intake.asgi:app_from_env") as (url, _child):
+        run_load(url, warmup, concurrency=sizes.concurrency, duration_s=sizes.warmup_s)
+        bench.progress(f"retention: intake alone, {sizes.intake_s:.0f} s")
+        alone = run_load(url, measured, concurrency=sizes.concurrency, duration_s=sizes.intake_s)
+        bench.progress(f"retention: purging {rows:,} records under the intake's load")
+        purge = bench.start_child(
+            "purge",
+            [sys.executable, "-m", "app.bench.purge"],
+            PIPELINE_RETENTION_DAYS=str(RETENTION_DAYS),
+        )
+        process = purge.process
+        assert process is not None
+        slices: list[LoadResult] = []
+        offset = 20_000_000
+        try:
+            deadline = time.monotonic() + PURGE_TIMEOUT_S
+            while process.poll() is None and time.monotonic() < deadline:
                 slices.append(
                     run_load(
                         url,
@@ -169,35 +169,17 @@ def retention(bench: BenchStack) -> None:
                     )
                 )
                 offset += 1_000_000
-            purge.thread.join(timeout=60)
-        if purge.error is not None:
-            raise purge.error
-    finally:
-        rt.close()
+            wait_until(lambda: process.poll() is not None, timeout_s=60, what="the purge")
+        finally:
+            bench.stop_child(purge)
+    if process.returncode != 0:
+        raise RuntimeError(f"the purge failed: see {log_path(bench.workdir, 'purge')}")
+    done = json.loads(log_path(bench.workdir, "purge").read_text().strip().splitlines()[-1])
     bench.results["retention"] = {
         "rows": rows,
-        "deleted": purge.deleted,
-        "seconds": round(purge.seconds, 2),
-        "rows_per_s": round(purge.deleted / purge.seconds, 1) if purge.seconds else 0.0,
+        "deleted": done["deleted"],
+        "seconds": done["seconds"],
+        "rows_per_s": round(done["deleted"] / done["seconds"], 1) if done["seconds"] else 0.0,
         "alone": load_figures(alone),
         "during": load_figures(merged(slices)),
     }
-
-
-class _Purge:
-    """One retention run on a thread of its own: how many it deleted, in how long."""
-
-    def __init__(self, rt: Runtime) -> None:
-        self.rt = rt
-        self.deleted = 0
-        self.seconds = 0.0
-        self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, name="retention", daemon=True)
-
-    def _run(self) -> None:
-        started = time.monotonic()
-        try:
-            self.deleted = self.rt.retention.purge(now=datetime.now(UTC))
-        except BaseException as exc:  # noqa: BLE001 - raised again by the scenario
-            self.error = exc
-        self.seconds = time.monotonic() - started
