@@ -3,6 +3,7 @@ batches that let the intake's writes through, and touches nothing else."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from datetime import datetime, timedelta
@@ -224,3 +225,34 @@ def test_the_migrations_index_the_records_as_the_models_say(database_url):
         assert "ix_records_status_finished_at" in names
     finally:
         engine.dispose()
+
+
+class SteppingClock:
+    """A clock that moves `step_s` each time it is read."""
+
+    def __init__(self, step_s: float) -> None:
+        self.now, self.step_s = 1000.0, step_s
+
+    def __call__(self) -> float:
+        self.now += self.step_s
+        return self.now
+
+
+def test_a_run_out_of_its_budget_stops_and_the_next_run_goes_on_from_there(harness):
+    harness.configure(retention_days="1")
+    rt = harness.runtime()
+    now = utcnow()
+    old = now - timedelta(days=3)
+    with rt.engine.begin() as conn:
+        _fill(conn, prefix="X", count=1_000, status=RecordStatus.DONE, finished_at=old, at=old)
+    pauses: list[float] = []
+    # Each batch reads the clock twice (its start, then the budget): 1 s a batch.
+    retention = dataclasses.replace(
+        rt.retention, batch_size=100, budget_s=3.5, clock=SteppingClock(0.5), sleep=pauses.append
+    )
+    assert retention.purge(now=now) == 400  # 4 batches, out of time after the fourth
+    assert pauses == [0.5] * 3  # as long as each batch took, by the clock
+    assert retention.purge(now=now) == 400
+    assert retention.purge(now=now) == 200  # the last, short batch: nothing left
+    with rt.engine.connect() as conn:
+        assert conn.execute(select(func.count()).select_from(records)).scalar_one() == 0
