@@ -22,9 +22,10 @@ from app.logs import get_logger
 
 log = get_logger(__name__)
 
-# The longest a run goes on: a quarter of the default hourly interval. Paced, a run deletes
-# ~30,000 records/s on the bench's 2-core machine (SQLite, 1,000 to a batch): some 27
-# million a run, far above what an hour of intake at ~2,000 records/s leaves behind.
+# The longest a run goes on by default (RETENTION_MAX_RUN_SECONDS): a quarter of the
+# default hourly interval. Paced, a run deletes ~30,000 records/s on the bench's 2-core
+# machine (SQLite, 1,000 to a batch): some 27 million a run, far above what an hour of
+# intake at ~2,000 records/s leaves behind.
 RUN_BUDGET_S = 900.0
 # The pause after a batch, as a share of the time the batch took, and at least this long.
 # Measured (`pipeline bench`, 1,000,000 records, SQLite): no pause deleted 54,000

@@ -239,8 +239,9 @@ class SteppingClock:
 
 
 def test_a_run_out_of_its_budget_stops_and_the_next_run_goes_on_from_there(harness):
-    harness.configure(retention_days="1")
+    harness.configure(retention_days="1", retention_max_run_seconds="3.5")
     rt = harness.runtime()
+    assert rt.retention.budget_s == 3.5
     now = utcnow()
     old = now - timedelta(days=3)
     with rt.engine.begin() as conn:
@@ -248,7 +249,7 @@ def test_a_run_out_of_its_budget_stops_and_the_next_run_goes_on_from_there(harne
     pauses: list[float] = []
     # Each batch reads the clock twice (its start, then the budget): 1 s a batch.
     retention = dataclasses.replace(
-        rt.retention, batch_size=100, budget_s=3.5, clock=SteppingClock(0.5), sleep=pauses.append
+        rt.retention, batch_size=100, clock=SteppingClock(0.5), sleep=pauses.append
     )
     assert retention.purge(now=now) == 400  # 4 batches, out of time after the fourth
     assert pauses == [0.5] * 3  # as long as each batch took, by the clock
