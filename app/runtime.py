@@ -112,6 +112,7 @@ class Runtime:
                 journal=journal,
                 days=settings.retention_days,
                 batch_size=settings.retention_batch_size,
+                budget_s=settings.retention_max_run_seconds,
             ),
             replayer=Replayer(
                 journal=journal, pusher=pusher, lines=lines, http=http, alerts=alerts

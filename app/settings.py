@@ -227,6 +227,8 @@ class Settings(BaseSettings):
     retention_days: float = Field(default=30, ge=0)
     retention_interval_seconds: float = Field(default=3600, gt=0)
     retention_batch_size: int = Field(default=1000, ge=1)
+    # A retention run stops after this long; the next run goes on where it stopped.
+    retention_max_run_seconds: float = Field(default=900, gt=0)
     # Connection rules of every Redis client; 0 turns one off.
     redis_health_check_interval_seconds: float = Field(default=2, ge=0)
     redis_socket_timeout_seconds: float = Field(default=5, ge=0)

@@ -49,6 +49,18 @@ class LoadResult:
         return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+def merged(results: list[LoadResult]) -> LoadResult:
+    """The runs of `results`, one after another, as one run."""
+    total = LoadResult()
+    for result in results:
+        total.requests += result.requests
+        total.duration_s += result.duration_s
+        total.statuses.update(result.statuses)
+        total.latencies_s.extend(result.latencies_s)
+        total.errors += result.errors
+    return total
+
+
 def _encode(request: Request, host: str) -> bytes:
     method, path, headers, body = request
     lines = [f"{method} {path} HTTP/1.1", f"host: {host}", f"content-length: {len(body)}"]

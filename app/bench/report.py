@@ -77,6 +77,7 @@ def rows(figures: dict[str, Any]) -> list[tuple[str, str, str, str]]:
                 _ratio(replay["records_per_s"], REPLAY_TARGET_PER_S),
             )
         )
+    found += _journal_rows(figures)
     isolation = figures.get("isolation")
     if isolation:
         alone, flooded, busy = isolation["alone"], isolation["flooded"], isolation["busy"]
@@ -116,6 +117,46 @@ def rows(figures: dict[str, Any]) -> list[tuple[str, str, str, str]]:
                 f"{memory['last_mib']:.0f} MiB",
                 "first → peak → last sample",
                 _ratio(memory["last_mib"], memory["first_mib"]),
+            )
+        )
+    return found
+
+
+def _journal_rows(figures: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """The intake beside the status routes' pollers, and beside retention."""
+    found: list[tuple[str, str, str, str]] = []
+    polled = figures.get("polled")
+    if polled:
+        alone, beside = polled["alone"], polled["polled"]
+        found.append(
+            (
+                f"intake beside {polled['pollers']} pollers of /v1/lines and /metrics "
+                f"({polled['rows']:,}-row journal; {polled['polls_per_s']:,.0f} polls/s"
+                + (f", {polled['polls_not_ok']} not 200" if polled["polls_not_ok"] else "")
+                + ")",
+                _load(beside),
+                "no pollers: " + _load(alone),
+                _ratio(beside["p99_ms"], alone["p99_ms"]),
+            )
+        )
+    retention = figures.get("retention")
+    if retention:
+        alone, during = retention["alone"], retention["during"]
+        found.append(
+            (
+                f"retention: {retention['deleted']:,} expired records deleted in one run, "
+                "the intake under load",
+                f"{retention['rows_per_s']:,.0f} rows/s ({retention['seconds']:.1f} s)",
+                f"the intake's rate: {alone['requests_per_s']:,.0f} records/s",
+                _ratio(retention["rows_per_s"], alone["requests_per_s"]),
+            )
+        )
+        found.append(
+            (
+                "intake during the retention purge",
+                _load(during),
+                "no purge: " + _load(alone),
+                _ratio(during["p99_ms"], alone["p99_ms"]),
             )
         )
     return found

@@ -20,8 +20,10 @@ from typing import Any
 
 import httpx
 import redis
-from sqlalchemy import insert, select
+from sqlalchemy import select
 
+from app.bench import journal_scenarios
+from app.bench.journal_scenarios import fill_journal
 from app.bench.load import Request, prepare_wrk, run_load, run_prepared_wrk, run_wrk
 from app.bench.procs import RssSampler, log_path, wait_until
 from app.bench.reference import NOOP_QUEUE, NOOP_TASK
@@ -37,11 +39,7 @@ from app.bench.stack import (
 from app.clock import as_utc
 from app.delivery.push import build_message
 from app.journal.engine import make_engine
-from app.journal.models import (
-    RecordStatus,
-    Source,
-    records,
-)
+from app.journal.models import RecordStatus, records
 from app.lines import TABLE_SINK_BATCH
 from app.recovery.replay import ReplayFilter
 from app.runtime import Runtime
@@ -224,7 +222,14 @@ class Bench(BenchStack):
         )
         rt = Runtime.build(settings)
         try:
-            self._fill(rt, rows)
+            now = datetime.now(UTC) - timedelta(hours=1)
+            fill_journal(
+                rt.engine,
+                rows,
+                status=RecordStatus.FAILED,
+                at=now,
+                next_attempt_at=now + timedelta(days=1),
+            )
             self.progress(f"replay: re-enqueueing {rows:,} records")
             started = time.monotonic()
             counts = rt.replayer.replay(
@@ -243,32 +248,11 @@ class Bench(BenchStack):
             "records_per_s": round(rows / seconds, 1),
         }
 
-    def _fill(self, rt: Runtime, rows: int) -> None:
-        now = datetime.now(UTC) - timedelta(hours=1)
-        batch = 10_000
-        with rt.engine.begin() as conn:
-            for start in range(0, rows, batch):
-                conn.execute(
-                    insert(records),
-                    [
-                        {
-                            "id": f"{n:026d}",
-                            "line": "order",
-                            "business_no": f"R-{n}",
-                            "source": Source.INTAKE.value,
-                            "dedup_key": f"bench:{n}",
-                            "body_sha256": "0" * 64,
-                            "payload": {"business_no": f"R-{n}", "amount": 42},
-                            "status": RecordStatus.FAILED.value,
-                            "attempts": 1,
-                            "created_at": now,
-                            "updated_at": now,
-                            "next_attempt_at": now + timedelta(days=1),
-                            "task_id": f"{n:026d}",
-                        }
-                        for n in range(start, min(rows, start + batch))
-                    ],
-                )
+    def polled(self) -> None:
+        journal_scenarios.polled(self)
+
+    def retention(self) -> None:
+        journal_scenarios.retention(self)
 
     def isolation(self) -> None:
         """Order latencies alone, beside busy loops (the floor), while the status line is
@@ -416,7 +400,7 @@ def _aware(moment: datetime) -> datetime:
     return as_utc(moment)
 
 
-SCENARIOS = ("intake", "end_to_end", "replay", "isolation")
+SCENARIOS = ("intake", "end_to_end", "replay", "polled", "retention", "isolation")
 
 
 def run_bench(
@@ -427,9 +411,13 @@ def run_bench(
     workdir: Path,
     progress: Callable[[str], None],
     plain_load: bool = False,
+    scenarios: tuple[str, ...] = SCENARIOS,
 ) -> dict[str, Any]:
-    """Run every scenario; returns the figures. `plain_load`: the built-in load generator
-    even where wrk is installed."""
+    """Run the `scenarios` (every one by default, in `SCENARIOS`' order); returns the
+    figures. `plain_load`: the built-in load generator even where wrk is installed."""
+    unknown = set(scenarios) - set(SCENARIOS)
+    if unknown:
+        raise ValueError(f"no such scenario: {', '.join(sorted(unknown))}")
     bench = Bench(
         quick=quick,
         workdir=workdir,
@@ -441,7 +429,8 @@ def run_bench(
     try:
         bench.start()
         for scenario in SCENARIOS:
-            getattr(bench, scenario)()
+            if scenario in scenarios:
+                getattr(bench, scenario)()
         bench.results["machine"] = bench.machine()
         return bench.results
     finally:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import redis
-from sqlalchemy import delete, func, select, text
+from sqlalchemy import Engine, delete, func, select, text
 
 from app.bench.load import LoadResult, Request, wrk_path
 from app.bench.procs import free_port, listening, log_path, wait_until
@@ -54,6 +54,8 @@ class Sizes:
     end_to_end: int
     replay_rows: int
     isolation_s: float
+    # The journal under the status routes' pollers, and under retention.
+    journal_rows: int
 
     @classmethod
     def for_run(cls, *, quick: bool) -> Sizes:
@@ -65,6 +67,7 @@ class Sizes:
                 end_to_end=1_000,
                 replay_rows=20_000,
                 isolation_s=3,
+                journal_rows=20_000,
             )
         return cls(
             intake_s=10,
@@ -73,6 +76,7 @@ class Sizes:
             end_to_end=20_000,
             replay_rows=1_000_000,
             isolation_s=15,
+            journal_rows=1_000_000,
         )
 
 
@@ -180,6 +184,18 @@ class BenchStack:
     def _stop(self, child: Child) -> None:
         child.stop(timeout_s=STOP_TIMEOUT_S)
         self.children.remove(child)
+
+    def start_child(self, name: str, argv: list[str], **env: str) -> Child:
+        """Start `argv` as `name` (its output in `log_path(workdir, name)`); `stop_child`
+        stops it, and `close()` any still running."""
+        return self._start(name, argv, **env)
+
+    def stop_child(self, child: Child) -> None:
+        self._stop(child)
+
+    def engine(self) -> Engine:
+        """A new engine on the run's journal; the caller disposes of it."""
+        return make_engine(self.database_url)
 
     def reset(self) -> None:
         """An empty Redis and an empty journal. PostgreSQL's tables are truncated, not

@@ -4,20 +4,30 @@ Every journal connection commits durably: a commit the intake answered 202 for s
 OS crash or a power cut. SQLite runs in WAL with `synchronous=FULL` (NORMAL may roll the
 last commits back after a power cut) and a database that cannot be WAL is refused;
 PostgreSQL sessions pin `synchronous_commit=on`, whatever the server, database or role
-default says."""
+default says.
+
+A connection marked `read_only(conn)` before its first statement reads in a read-only
+transaction: on SQLite a deferred `BEGIN` that takes neither the writers' turn nor the
+write lock (in WAL it reads its snapshot beside the writers), on PostgreSQL
+`BEGIN READ ONLY`."""
 
 from __future__ import annotations
 
 import time
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DisconnectionError, SQLAlchemyError
 
 from app.errors import ConfigError
 from app.journal.sqlite.checkpoints import AUTOCHECKPOINT_OFF, Checkpointer
-from app.journal.sqlite.writers import WriterTurnConnection, begin_in_turn, lock_path_for
+from app.journal.sqlite.writers import (
+    WriterTurnConnection,
+    begin_in_turn,
+    begin_reading,
+    lock_path_for,
+)
 
 # How long a SQLite writer waits for the lock before the journal counts as unavailable.
 SQLITE_BUSY_TIMEOUT_S = 30
@@ -48,6 +58,20 @@ PG_KEEPALIVES: dict[str, int] = {
     "keepalives_count": 3,
     "tcp_user_timeout": 10_000,
 }
+
+
+# The execution option of a connection whose transactions only read.
+READ_ONLY_OPTION = "journal_read_only"
+
+
+def read_only(conn: Connection) -> None:
+    """Make `conn`'s transactions read-only (call it before its first statement): they
+    take no write lock, hold up no writer, and a write in them fails."""
+    if conn.dialect.name == "postgresql":
+        # SQLAlchemy's connection characteristic: psycopg begins `BEGIN READ ONLY`; reset
+        # when the connection goes back to the pool.
+        conn.execution_options(postgresql_readonly=True)
+    conn.execution_options(**{READ_ONLY_OPTION: True})
 
 
 def make_engine(url: str, *, pool_size: int = 5) -> Engine:
@@ -168,10 +192,14 @@ def _sqlite_engine(url: str) -> Engine:
 
     @event.listens_for(engine, "begin")
     def _on_begin(connection: Any) -> None:
+        dbapi_connection = connection.connection.dbapi_connection
+        if connection.get_execution_options().get(READ_ONLY_OPTION):
+            begin_reading(dbapi_connection)
+            return
         # Take the write lock up front: a deferred transaction that reads, then writes,
         # can fail at once with SQLITE_BUSY instead of waiting for the lock.
         # Writers take turns first (app.journal.sqlite.writers says why).
-        begin_in_turn(connection.connection.dbapi_connection, timeout_s=SQLITE_BUSY_TIMEOUT_S)
+        begin_in_turn(dbapi_connection, timeout_s=SQLITE_BUSY_TIMEOUT_S)
 
     if checkpointer is not None:
         event.listen(engine, "engine_disposed", lambda _engine: checkpointer.stop())

@@ -12,6 +12,7 @@ from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import SQLAlchemyError
 
 from app.errors import JournalUnavailable
+from app.journal.engine import read_only
 
 
 class Journal:
@@ -34,11 +35,14 @@ class Journal:
 
     @contextmanager
     def reading(self, what: str = "journal read") -> Iterator[Connection]:
-        """A connection for reads (its transaction is rolled back when the block ends).
+        """A connection whose transaction only reads, rolled back when the block ends. It
+        takes no write lock and holds up no writer (on SQLite it sees the journal as it was
+        when its first statement ran); a write in it fails.
 
-        Raises `JournalUnavailable` for any database error."""
+        Raises `JournalUnavailable` for any database error, a refused write among them."""
         try:
             with self.engine.connect() as conn:
+                read_only(conn)
                 yield conn
         except SQLAlchemyError as exc:
             raise JournalUnavailable(f"{what} failed: {type(exc).__name__}") from exc

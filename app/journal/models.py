@@ -112,6 +112,8 @@ records = Table(
     Column("lease_expires_at", UtcDateTime, nullable=True),
     Index(None, "status", "next_attempt_at"),
     Index(None, "status", "updated_at"),
+    # Retention: the `done` records finished before a time, oldest first.
+    Index(None, "status", "finished_at"),
     Index(None, "line", "status", "id"),
     Index(None, "business_no"),
     Index(None, "created_at"),

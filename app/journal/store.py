@@ -327,7 +327,13 @@ def finish_replay(
 
 
 def delete_done_before(conn: Connection, *, before: datetime, limit: int) -> int:
-    """Delete up to `limit` `done` records finished before `before`. Never an unfinished one."""
+    """Delete the `limit` oldest `done` records finished before `before`. Never an
+    unfinished one (nor one moved out of `done` meanwhile). Returns how many.
+
+    The expired records are found through the (status, finished_at) index, in its order,
+    then deleted by id through the primary key: a batch reads only the rows it deletes.
+    Two statements, not `DELETE … WHERE id IN (SELECT …)`: given the subquery, PostgreSQL
+    may plan a hash join over the whole journal; given the ids, it looks each one up."""
     ids = list(
         conn.execute(
             select(records.c.id)
@@ -335,7 +341,7 @@ def delete_done_before(conn: Connection, *, before: datetime, limit: int) -> int
                 records.c.status == RecordStatus.DONE.value,
                 records.c.finished_at < before,
             )
-            .order_by(records.c.id)
+            .order_by(records.c.finished_at)
             .limit(limit)
         ).scalars()
     )

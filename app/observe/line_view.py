@@ -1,8 +1,14 @@
-"""Per-line status: queue depth and bound, policy, journal counts, oldest unfinished age."""
+"""Per-line status: queue depth and bound, policy, journal counts, oldest unfinished age.
+
+The journal's part reads the whole journal (a GROUP BY over every record): it is read at
+most once a `JOURNAL_VIEW_LIFETIME_S` per process, however many poll `/v1/lines` and
+`/metrics`, in a read-only transaction that holds up no write."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol
 
@@ -13,6 +19,11 @@ from app.journal import store
 from app.journal.journal import Journal
 from app.lines import LineRegistry
 from app.observe.liveness import live_workers
+from app.observe.recent import Recent
+
+# How old the journal's counts may be when they are answered: an open status page asks
+# every 2 s, a Prometheus scrape every 15 s or so; a second is fresher than either needs.
+JOURNAL_VIEW_LIFETIME_S = 1.0
 
 
 class QueueDepths(Protocol):
@@ -61,12 +72,24 @@ class LineView:
     queues: QueueDepths
     redis: redis.Redis
     lines: LineRegistry
+    # Seconds, for the age of the journal's view (a clock the tests may move).
+    clock: Callable[[], float] = time.monotonic
+    journal_lifetime_s: float = JOURNAL_VIEW_LIFETIME_S
+    _journal: Recent[JournalView] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        recent = Recent[JournalView](lifetime_s=self.journal_lifetime_s, clock=self.clock)
+        object.__setattr__(self, "_journal", recent)  # frozen: set once, here
 
     def journal_view(self) -> JournalView:
-        """Counts by status and oldest unfinished record, per line.
+        """Counts by status and oldest unfinished record, per line, as read at most
+        `journal_lifetime_s` ago (one caller reads at a time; see `Recent`).
 
         Raises `JournalUnavailable` when the journal does not answer."""
-        with self.journal.reading() as conn:
+        return self._journal.get(self._read_journal)
+
+    def _read_journal(self) -> JournalView:
+        with self.journal.reading("reading the line view") as conn:
             return JournalView(
                 counts=store.counts_by_status(conn),
                 oldest_unfinished={

@@ -19,6 +19,9 @@ ROWS = [
     "end to end:",
     "end to end, one record",
     "replay:",
+    "intake beside 8 pollers",
+    "retention: ",
+    "intake during the retention",
     "isolation's floor: order p99 beside",
     "isolation: order p99",
     "isolation, the status line's INTAKE_RATE",
@@ -61,6 +64,13 @@ def test_quick_bench_completes_and_prints_every_row(harness, tmp_path):
         assert intake[name]["errors"] == 0, intake[name]
     assert figures["end_to_end"]["records"] == 1_000
     assert figures["replay"]["enqueued"] == figures["replay"]["rows"] == 20_000
+    polled, retention = figures["polled"], figures["retention"]
+    assert polled["polls"] > 0
+    assert polled["polls_not_ok"] == 0
+    for load in (polled["alone"], polled["polled"], retention["alone"], retention["during"]):
+        assert load["requests"] > 0
+        assert load["non_2xx"] == 0, load
+    assert retention["deleted"] == retention["rows"] == 20_000
     assert figures["isolation"]["alone"]["records"] > 0
     assert figures["isolation"]["busy"]["records"] > 0
     assert figures["isolation"]["busy_loops"] >= 1

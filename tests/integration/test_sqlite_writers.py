@@ -21,6 +21,7 @@ import pytest
 from sqlalchemy import Engine, text
 
 from app.journal.engine import make_engine
+from app.journal.journal import Journal
 from app.journal.sqlite.writers import WriterTurnConnection, lock_path_for
 from tests.support.processes import KILLED_EXIT_TIMEOUT_S, REPO, wait_for
 
@@ -75,6 +76,26 @@ def test_a_journal_transaction_holds_the_writers_turn_until_commit_or_rollback(
         assert conn.execute(text("SELECT n FROM counter")).scalar_one() == 1
 
 
+def test_a_read_transaction_takes_neither_the_writers_turn_nor_sqlites_write_lock(
+    engine: Engine, database: str
+) -> None:
+    """A status page polling the journal must not stall the intake's commits."""
+    with Journal(engine).reading() as reader:
+        assert reader.execute(text("SELECT n FROM counter")).scalar_one() == 0
+        assert _turn_is_free(database)
+        other = sqlite3.connect(database, timeout=0)
+        try:
+            other.execute("BEGIN IMMEDIATE")  # SQLite's write lock: free as well
+            other.execute("UPDATE counter SET n = 7")
+            other.commit()
+        finally:
+            other.close()
+        # The read's snapshot is the one it began with.
+        assert reader.execute(text("SELECT n FROM counter")).scalar_one() == 0
+    with Journal(engine).reading() as reader:
+        assert reader.execute(text("SELECT n FROM counter")).scalar_one() == 7
+
+
 def test_concurrent_writers_each_get_their_turn_and_no_write_is_lost(engine: Engine) -> None:
     writers, each = 8, 50
     errors: list[BaseException] = []
@@ -125,6 +146,7 @@ _PARENT = """
 import os, sys, time
 from sqlalchemy import text
 from app.journal.engine import make_engine
+from app.journal.journal import Journal
 
 engine = make_engine(f"sqlite:///{sys.argv[1]}")
 conn = engine.connect()

@@ -9,7 +9,12 @@ database and holds it until its commit or rollback, so SQLite's lock is free whe
 writer asks for it. A waiter first takes its place in line (a second lock file), then
 tries the turn every 0.1 ms: a writer that has just ended its turn cannot take the next
 one ahead of the writer already waiting. The lock files only order the pipeline's own
-writers; anything else opening the journal still meets SQLite's lock and busy timeout."""
+writers; anything else opening the journal still meets SQLite's lock and busy timeout.
+
+Reads take no turn and no lock (`begin_reading`): in WAL a reader sees the snapshot its
+transaction began with and neither waits for a writer nor holds one up. Such a
+transaction is made read-only (`PRAGMA query_only`), so that a write in it fails at once
+instead of meeting the lock it did not take."""
 
 from __future__ import annotations
 
@@ -46,6 +51,8 @@ class WriterTurnConnection(sqlite3.Connection):
     before the first transaction) from `take_turn()` to commit or rollback."""
 
     lock_path: str | None = None
+    # Whether `PRAGMA query_only` is on: set by `begin_reading`, cleared by `begin_in_turn`.
+    query_only = False
     _lock_fd: int | None = None
     _next_fd: int | None = None
     _lock_pid = 0
@@ -131,8 +138,22 @@ def lock_path_for(database: str | None) -> str | None:
     return f"{database}-writers.lock"
 
 
+def _set_query_only(dbapi_connection: Any, value: bool) -> None:
+    """`PRAGMA query_only`, sent only when it changes (it is a connection's setting)."""
+    if getattr(dbapi_connection, "query_only", False) != value:
+        dbapi_connection.execute(f"PRAGMA query_only={int(value)}")
+        dbapi_connection.query_only = value
+
+
+def begin_reading(dbapi_connection: Any) -> None:
+    """A deferred, read-only `BEGIN`: no writers' turn, no write lock."""
+    _set_query_only(dbapi_connection, True)
+    dbapi_connection.execute("BEGIN")
+
+
 def begin_in_turn(dbapi_connection: Any, *, timeout_s: float) -> None:
     """`BEGIN IMMEDIATE`, once this connection's turn has come."""
+    _set_query_only(dbapi_connection, False)
     if isinstance(dbapi_connection, WriterTurnConnection):
         dbapi_connection.take_turn(timeout_s=timeout_s)
     try:

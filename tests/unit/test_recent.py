@@ -1,0 +1,108 @@
+"""`Recent`: computed at most once per lifetime on a clock the test moves, one computation
+at a time, the others served the value they can have."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from app.observe.recent import Recent
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Counting:
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self) -> int:
+        self.calls += 1
+        return self.calls
+
+
+def test_a_value_is_computed_once_per_lifetime_however_often_it_is_asked_for():
+    clock, compute = Clock(), Counting()
+    recent: Recent[int] = Recent(lifetime_s=1.0, clock=clock)
+    assert [recent.get(compute) for _ in range(100)] == [1] * 100
+    clock.now += 0.999
+    assert recent.get(compute) == 1
+    clock.now += 0.001  # a lifetime after the computation began
+    assert [recent.get(compute) for _ in range(100)] == [2] * 100
+    assert compute.calls == 2
+
+
+def test_a_computation_that_fails_changes_nothing_and_the_next_caller_tries_again():
+    clock = Clock()
+    recent: Recent[str] = Recent(lifetime_s=1.0, clock=clock)
+    assert recent.get(lambda: "first") == "first"
+    clock.now += 5
+
+    def fail() -> str:
+        raise RuntimeError("journal down")
+
+    with pytest.raises(RuntimeError, match="journal down"):
+        recent.get(fail)
+    assert recent.get(lambda: "second") == "second"
+
+
+def test_while_one_caller_computes_the_others_get_the_expired_value_at_once():
+    clock = Clock()
+    recent: Recent[str] = Recent(lifetime_s=1.0, clock=clock)
+    assert recent.get(lambda: "old") == "old"
+    clock.now += 2
+    started, release = threading.Event(), threading.Event()
+
+    def slow() -> str:
+        started.set()
+        assert release.wait(timeout=10)
+        return "new"
+
+    got: list[str] = []
+    computing = threading.Thread(target=lambda: got.append(recent.get(slow)), daemon=True)
+    computing.start()
+    try:
+        assert started.wait(timeout=10)
+        # Not a second computation: this one would fail the test if it ran.
+        assert [recent.get(lambda: "again") for _ in range(10)] == ["old"] * 10
+    finally:
+        release.set()
+        computing.join(timeout=10)
+    assert got == ["new"]
+    assert recent.get(lambda: "again") == "new"
+
+
+def test_callers_with_no_value_yet_wait_for_the_one_computation():
+    recent: Recent[str] = Recent(lifetime_s=1.0, clock=Clock())
+    started, release = threading.Event(), threading.Event()
+    calls: list[int] = []
+
+    def slow() -> str:
+        calls.append(1)
+        started.set()
+        assert release.wait(timeout=10)
+        return "first"
+
+    got: list[str] = []
+    threads = [threading.Thread(target=lambda: got.append(recent.get(slow)), daemon=True)]
+    threads[0].start()
+    try:
+        assert started.wait(timeout=10)
+        threads += [
+            threading.Thread(target=lambda: got.append(recent.get(slow)), daemon=True)
+            for _ in range(4)
+        ]
+        for thread in threads[1:]:
+            thread.start()
+    finally:
+        release.set()
+        for thread in threads:
+            thread.join(timeout=10)
+    assert got == ["first"] * 5
+    assert len(calls) == 1
