@@ -217,13 +217,16 @@ class BenchStack:
 
     @contextmanager
     def server(self, name: str, target: str, **env: str) -> Iterator[tuple[str, Child]]:
-        """`target` (an app factory) under uvicorn, one process, as our intake is served;
-        `env`: more variables for it."""
+        """`target` (an app factory) under uvicorn, one process, as our intake is served
+        (its protocol, which counts headers while they are read, included); `env`: more
+        variables for it."""
         port = free_port()
         argv = [
             sys.executable,
             "-m",
             "uvicorn",
+            "--http",
+            "app.intake.protocol:GuardedHttpToolsProtocol",
             "--factory",
             target,
             "--host",
