@@ -151,7 +151,8 @@ class BeatLock:
 
 class Renewer:
     """Calls `lock.hold()` at once, then every `every_s`, on its own daemon thread, and
-    hands each result to `on_result(held, took_over_from)` (which must not raise)."""
+    hands each result to `on_result(held, took_over_from)`. An exception from either is
+    logged and the next renewal comes on time."""
 
     def __init__(
         self,
@@ -173,12 +174,11 @@ class Renewer:
         while True:
             try:
                 held, took_over_from = self._lock.hold()
-            except Exception:
-                # Not held: `active_since` lapses one TTL after the last renewal. The
-                # thread goes on, so the beat holds the lock again once this passes.
-                log.exception("beat_lock_renewal_crashed")
-            else:
                 self._on_result(held, took_over_from)
+            except Exception:
+                # Whatever failed, renewing goes on: were this thread to end, the hold
+                # would lapse one TTL later and the beat would stand by for good, silently.
+                log.exception("beat_lock_renewal_crashed")
             if self._stopping.wait(self._every_s):
                 return
 

@@ -11,7 +11,8 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from beat.lock import LOCK_KEY, BeatLock
+from beat.lock import LOCK_KEY, BeatLock, Renewer
+from tests.support.processes import wait_for
 
 TAKEN_AT = datetime(2026, 5, 1, 10, 0, 1, 200_000, tzinfo=UTC)
 # Longer than the lock's client waits for an answer; the pause is lifted sooner.
@@ -94,3 +95,22 @@ def test_a_renewal_that_fails_keeps_the_lock_and_the_time_it_was_taken_until_it_
     finally:
         client.close()
         admin.close()
+
+
+def test_the_renewer_goes_on_after_a_result_it_could_not_handle(redis_url):
+    client = redis.Redis.from_url(redis_url)
+    results: list[bool] = []
+
+    def on_result(held: bool, _took_over_from: str | None) -> None:
+        results.append(held)
+        if len(results) == 1:
+            raise RuntimeError("the first result fails to be handled")
+
+    renewer = Renewer(BeatLock(client, ttl_s=3), every_s=0.05, on_result=on_result)
+    renewer.start()
+    try:
+        wait_for(lambda: len(results) >= 2, timeout_s=5, what="a renewal after the failed one")
+    finally:
+        assert renewer.stop(timeout_s=5)
+        client.close()
+    assert results[:2] == [True, True]
