@@ -136,7 +136,15 @@ def worker(
 
 
 @cli.command()
-def beat() -> None:
+def beat(
+    scheduler: Annotated[
+        str | None,
+        typer.Option(
+            help="The scheduler class, as module:Class: a subclass of the pipeline's "
+            "(beat.scheduler:PipelineScheduler) that adds or wraps maintenance jobs."
+        ),
+    ] = None,
+) -> None:
     """Run Celery beat with the pipeline's scheduler: the cron schedules, and the sweeper, the
     lost-message check, the queue monitor and retention while it holds the beat lock."""
     from app.celery_app import BEAT_SCHEDULER, create_celery  # noqa: PLC0415
@@ -147,7 +155,7 @@ def beat() -> None:
     LineRegistry.from_settings(settings)
     refuse_unsafe_journal(settings.database_url)
     create_celery(settings).start(
-        ["beat", "--scheduler", BEAT_SCHEDULER, "--loglevel", settings.log_level]
+        ["beat", "--scheduler", scheduler or BEAT_SCHEDULER, "--loglevel", settings.log_level]
     )
 
 

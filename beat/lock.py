@@ -3,8 +3,9 @@
 `Renewer` renews the lock (or, standing by, tries to take it) every `renew_every_s`, on
 its own thread: neither a slow fire nor a long maintenance run delays it. A standby takes
 over within one TTL of the holder's death. The beat counts as holding the lock only until
-one TTL after its last renewal was sent, so a renewal that hangs stops the firing and the
-maintenance before another beat can take over."""
+one TTL after its last successful renewal was sent, so a renewal that hangs stops the
+firing and the maintenance before another beat can take over; a renewal that fails (a
+Redis blip) ends nothing sooner."""
 
 from __future__ import annotations
 
@@ -78,16 +79,20 @@ class BeatLock:
 
     def hold(self) -> tuple[bool, str | None]:
         """Renew or take the lock. Returns (held now, the holder we took over from, if this
-        call was a takeover). Any Redis error means not held."""
+        call was a takeover).
+
+        A Redis error is no answer: the key may still be ours, so the lock stays held until
+        one TTL after the last renewal that succeeded was sent, and lapses then. Only an
+        answer that another beat holds it, or that lapse, ends the hold; `active_since` is
+        kept across renewals that answer "still ours" only while the hold never ended."""
         sent_s = self._clock()
         try:
             state, holder = self._script(keys=[LOCK_KEY], args=[self.identity, self.ttl_ms])
         except redis.RedisError as exc:
-            if self.held:
-                log.warning("beat_lock_lost", error=str(exc))
-            self._set(held=False, sent_s=sent_s)
             self.last_error = str(exc)
-            return False, None
+            held = self._keep_until_lapsed()
+            log.warning("beat_lock_renewal_failed", error=str(exc), held=held)
+            return held, None
         self.last_error = None
         holder_text = holder.decode() if isinstance(holder, bytes) else str(holder)
         took_over_from = None
@@ -101,14 +106,32 @@ class BeatLock:
         self._set(held=int(state) in (1, 2), sent_s=sent_s, acquired=int(state) == 2)
         return self.held, took_over_from
 
-    def _set(self, *, held: bool, sent_s: float, acquired: bool = False) -> None:
+    def _keep_until_lapsed(self) -> bool:
+        """After a renewal with no answer: end the hold if it has lapsed; returns whether it
+        is still held."""
         with self._state:
-            self.held = held
-            self._valid_until_s = sent_s + self.ttl_s if held else 0.0
+            if self.held and self._clock() >= self._valid_until_s:
+                log.warning("beat_lock_lost", reason="no renewal answered for a TTL")
+                self._end()
+            return self.held
+
+    def _set(self, *, held: bool, sent_s: float, acquired: bool) -> None:
+        with self._state:
             if not held:
-                self._active_since = None
-            elif acquired or self._active_since is None:
+                self._end()
+                return
+            # "Still ours" after a lapse: this beat stopped firing in between, so what fell
+            # due meanwhile was missed, as for a beat that has just taken the lock.
+            lapsed = not self.held or self._clock() >= self._valid_until_s
+            self.held = True
+            self._valid_until_s = sent_s + self.ttl_s
+            if acquired or lapsed:
                 self._active_since = self._wall_clock()
+
+    def _end(self) -> None:
+        self.held = False
+        self._valid_until_s = 0.0
+        self._active_since = None
 
     def active_since(self) -> datetime | None:
         """When this beat took the lock it still holds for sure; None when it does not
@@ -128,7 +151,8 @@ class BeatLock:
 
 class Renewer:
     """Calls `lock.hold()` at once, then every `every_s`, on its own daemon thread, and
-    hands each result to `on_result(held, took_over_from)` (which must not raise)."""
+    hands each result to `on_result(held, took_over_from)`. An exception from either is
+    logged and the next renewal comes on time."""
 
     def __init__(
         self,
@@ -150,12 +174,11 @@ class Renewer:
         while True:
             try:
                 held, took_over_from = self._lock.hold()
-            except Exception:
-                # Not held: `active_since` lapses one TTL after the last renewal. The
-                # thread goes on, so the beat holds the lock again once this passes.
-                log.exception("beat_lock_renewal_crashed")
-            else:
                 self._on_result(held, took_over_from)
+            except Exception:
+                # Whatever failed, renewing goes on: were this thread to end, the hold
+                # would lapse one TTL later and the beat would stand by for good, silently.
+                log.exception("beat_lock_renewal_crashed")
             if self._stopping.wait(self._every_s):
                 return
 

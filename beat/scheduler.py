@@ -9,7 +9,6 @@ firing at once and the maintenance after the job under way."""
 
 from __future__ import annotations
 
-import os
 import threading
 from datetime import datetime
 from typing import Any
@@ -27,9 +26,6 @@ from beat.maintenance import Job, MaintenanceThread
 
 log = get_logger(__name__)
 
-# Test-only: each retention run lasts this many seconds longer, as a big one would (the
-# chaos tests slow maintenance with it; unset or 0 in production).
-SLOW_RETENTION_VARIABLE = "PIPELINE_TEST_SLOW_RETENTION_SECONDS"
 # The lock is renewed every second, or three times per TTL when that is shorter: a renewal
 # or two may fail (a Redis blip) before the lock is lost.
 RENEW_EVERY_S = 1.0
@@ -69,17 +65,11 @@ class PipelineScheduler(Scheduler):
             )
         return self._lock
 
-    def _jobs(self) -> list[Job]:
+    def maintenance_jobs(self) -> list[Job]:
+        """The jobs the maintenance thread runs, built once, when the beat first ticks. A
+        subclass (`pipeline beat --scheduler`) may add its own or wrap these."""
         rt = self.runtime
         settings = rt.settings
-        slow_s = float(os.environ.get(SLOW_RETENTION_VARIABLE) or 0)
-
-        def retention() -> None:
-            rt.retention.purge(now=utcnow())
-            if slow_s > 0:
-                log.info("retention_slowed_for_test", seconds=slow_s)
-                self._stopping.wait(slow_s)
-
         return [
             Job(
                 name="sweep",
@@ -96,7 +86,11 @@ class PipelineScheduler(Scheduler):
                 interval_s=settings.monitor_interval_seconds,
                 run=lambda: rt.monitor.monitor(now=utcnow()),
             ),
-            Job(name="retention", interval_s=settings.retention_interval_seconds, run=retention),
+            Job(
+                name="retention",
+                interval_s=settings.retention_interval_seconds,
+                run=lambda: rt.retention.purge(now=utcnow()),
+            ),
         ]
 
     def _started(self) -> MaintenanceThread:
@@ -105,7 +99,7 @@ class PipelineScheduler(Scheduler):
             return self._maintenance
         lock = self.lock
         self._maintenance = MaintenanceThread(
-            self._jobs(),
+            self.maintenance_jobs(),
             active=lambda: lock.active_since() is not None,
             stopping=self._stopping,
         )

@@ -16,9 +16,9 @@ from app.clock import utcnow
 from app.schedules.cron import Misfire
 from app.schedules.store import add
 from beat.lock import LOCK_KEY
-from beat.scheduler import SLOW_RETENTION_VARIABLE
 from tests.support.processes import wait_for
 from tests.support.recorder import Recorder
+from tests.support.slow_beat import SLOW_RETENTION_S, SLOW_RETENTION_SCHEDULER, SLOW_RUN
 
 TTL_S = 3
 
@@ -105,12 +105,6 @@ def test_standby_beat_takes_over_within_the_ttl_and_no_fire_is_lost_or_doubled(h
         alerts.stop()
 
 
-# Each retention run lasts this long: longer than the lock's TTL, and than the 3 s after
-# which a fire counts as missed.
-SLOW_RETENTION_S = 5
-SLOW_RUN = "retention_slowed_for_test"
-
-
 def test_a_retention_run_longer_than_the_lock_ttl_delays_no_fire_and_lets_no_standby_take_over(
     harness,
 ):
@@ -121,7 +115,6 @@ def test_a_retention_run_longer_than_the_lock_ttl_delays_no_fire_and_lets_no_sta
             retention_interval_seconds="1",
             alert_webhooks=json.dumps([{"kind": "generic", "url": f"{alerts.url}/alerts"}]),
         )
-        harness.env[SLOW_RETENTION_VARIABLE] = str(SLOW_RETENTION_S)
         rt = harness.runtime()
         with rt.engine.begin() as conn:
             add(
@@ -135,7 +128,12 @@ def test_a_retention_run_longer_than_the_lock_ttl_delays_no_fire_and_lets_no_sta
                 catchup_window_s=3600,
                 now=utcnow(),
             )
-        beats = [harness.start_beat(wait=False), harness.start_beat(wait=False)]
+        # Each retention run lasts SLOW_RETENTION_S: longer than the lock's TTL, and than
+        # the 3 s after which a fire counts as missed.
+        beats = [
+            harness.start_beat(wait=False, scheduler=SLOW_RETENTION_SCHEDULER),
+            harness.start_beat(wait=False, scheduler=SLOW_RETENTION_SCHEDULER),
+        ]
         for beat in beats:
             beat.wait_for_output("beat: Starting", timeout_s=40)
         wait_for(lambda: rt.redis.get(LOCK_KEY), timeout_s=10, what="a beat to take the lock")

@@ -108,8 +108,9 @@ class Harness:
             worker.wait_for_output(" ready.", timeout_s=40)
         return worker
 
-    def start_beat(self, *, wait: bool = True) -> Component:
-        beat = self._component("beat")
+    def start_beat(self, *, wait: bool = True, scheduler: str | None = None) -> Component:
+        """A `pipeline beat`, with the scheduler class `scheduler` (module:Class) if given."""
+        beat = self._component("beat", *(("--scheduler", scheduler) if scheduler else ()))
         if wait:
             beat.wait_for_output("beat: Starting", timeout_s=40)
         return beat
