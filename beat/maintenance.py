@@ -2,9 +2,10 @@
 process and under its lock (the sweeper, the lost-message check, the monitor, retention).
 
 They are not Celery beat entries: nothing is sent to a worker, so they keep working when
-every queue is full or no worker is alive. They run on their own thread
-(`MaintenanceThread`), one job at a time, so a long run (a big retention) delays neither
-the lock's renewal nor the fires."""
+every queue is full or no worker is alive. They run on threads of their own
+(`MaintenanceThreads`: the jobs of one thread one at a time), so a long run delays neither
+the lock's renewal nor the fires; retention has a thread to itself, so a big purge does
+not hold up the sweeper either."""
 
 from __future__ import annotations
 
@@ -21,11 +22,13 @@ log = get_logger(__name__)
 
 @dataclass(frozen=True, kw_only=True)
 class Job:
-    """One maintenance job: its name (in logs), how often it runs, what it runs."""
+    """One maintenance job: its name (in logs), how often it runs, what it runs, and the
+    thread it runs on (the jobs of one thread run one after another)."""
 
     name: str
     interval_s: float
     run: Callable[[], object]
+    thread: str = "maintenance"
 
 
 def due(*, last_run_s: float, interval_s: float, now_s: float) -> bool:
@@ -90,8 +93,10 @@ class MaintenanceThread:
         active: Callable[[], bool],
         stopping: threading.Event,
         clock: Callable[[], float] = time.monotonic,
+        name: str = "maintenance",
     ) -> None:
         self._maintenance = Maintenance(jobs, clock=clock, start_s=clock())
+        self._name = f"beat-{name}"
         self._active = active
         self._stopping = stopping
         self._thread: threading.Thread | None = None
@@ -103,17 +108,49 @@ class MaintenanceThread:
         """Start the thread, unless one is alive (it may still be ending a job)."""
         if self._thread is not None and self._thread.is_alive():
             return
-        self._thread = threading.Thread(target=self._run, name="beat-maintenance", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
         while self._go_on():
             wait_s = self._maintenance.run_due(go_on=self._go_on)
             self._stopping.wait(min(max(wait_s, 0.0), CHECK_EVERY_S))
-        log.info("maintenance_stopped", lock_held=self._active())
+        log.info("maintenance_stopped", thread=self._name, lock_held=self._active())
 
     def join(self, *, timeout_s: float) -> bool:
         """Wait for the thread (after `stopping` is set); returns whether it has ended."""
         if self._thread is not None and self._thread.is_alive():
             self._thread.join(timeout=timeout_s)
         return self._thread is None or not self._thread.is_alive()
+
+
+class MaintenanceThreads:
+    """A `MaintenanceThread` for each `Job.thread` of `jobs`: a long job of one thread holds
+    up none of another's."""
+
+    def __init__(
+        self,
+        jobs: Sequence[Job],
+        *,
+        active: Callable[[], bool],
+        stopping: threading.Event,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        by_thread: dict[str, list[Job]] = {}
+        for job in jobs:
+            by_thread.setdefault(job.thread, []).append(job)
+        self._threads = [
+            MaintenanceThread(group, active=active, stopping=stopping, clock=clock, name=name)
+            for name, group in by_thread.items()
+        ]
+
+    def ensure_running(self) -> None:
+        for thread in self._threads:
+            thread.ensure_running()
+
+    def join(self, *, timeout_s: float) -> bool:
+        """Wait for every thread (after `stopping` is set), `timeout_s` in all; returns
+        whether all have ended."""
+        deadline = time.monotonic() + timeout_s
+        ended = [t.join(timeout_s=max(0.0, deadline - time.monotonic())) for t in self._threads]
+        return all(ended)

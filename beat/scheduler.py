@@ -22,7 +22,7 @@ from app.logs import get_logger
 from app.observe.events import Event
 from app.runtime import Runtime
 from beat.lock import BeatLock, Renewer
-from beat.maintenance import Job, MaintenanceThread
+from beat.maintenance import Job, MaintenanceThreads
 
 log = get_logger(__name__)
 
@@ -47,7 +47,7 @@ class PipelineScheduler(Scheduler):
         self._runtime: Runtime | None = None
         self._lock: BeatLock | None = None
         self._renewer: Renewer | None = None
-        self._maintenance: MaintenanceThread | None = None
+        self._maintenance: MaintenanceThreads | None = None
         self._stopping = threading.Event()
         super().__init__(*args, **kwargs)
 
@@ -89,16 +89,22 @@ class PipelineScheduler(Scheduler):
             Job(
                 name="retention",
                 interval_s=settings.retention_interval_seconds,
-                run=lambda: rt.retention.purge(now=utcnow()),
+                run=lambda: rt.retention.purge(now=utcnow(), go_on=self._maintaining),
+                # A big purge takes minutes: the sweeper must not wait for it.
+                thread="retention",
             ),
         ]
 
-    def _started(self) -> MaintenanceThread:
-        """Start the lock's renewal and build the maintenance thread, once; returns it."""
+    def _maintaining(self) -> bool:
+        """Whether maintenance may go on: this beat holds the lock and is not stopping."""
+        return self.lock.active_since() is not None and not self._stopping.is_set()
+
+    def _started(self) -> MaintenanceThreads:
+        """Start the lock's renewal and build the maintenance threads, once; returns them."""
         if self._maintenance is not None:
             return self._maintenance
         lock = self.lock
-        self._maintenance = MaintenanceThread(
+        self._maintenance = MaintenanceThreads(
             self.maintenance_jobs(),
             active=lambda: lock.active_since() is not None,
             stopping=self._stopping,

@@ -50,17 +50,23 @@ class Retention:
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], None] = time.sleep
 
-    def purge(self, *, now: datetime, max_batches: int | None = None) -> int:
+    def purge(
+        self,
+        *,
+        now: datetime,
+        max_batches: int | None = None,
+        go_on: Callable[[], bool] = lambda: True,
+    ) -> int:
         """Delete the `done` records that finished more than `days` before `now`, oldest
-        first, until none is left, `budget_s` has passed or `max_batches` (None: no limit)
-        ran. Returns how many. Raises `JournalUnavailable` (what was deleted before stays
-        deleted)."""
+        first, until none is left, `budget_s` has passed, `max_batches` (None: no limit)
+        ran, or `go_on()` says no before a batch (the beat lost its lock). Returns how
+        many. Raises `JournalUnavailable` (what was deleted before stays deleted)."""
         if self.days <= 0:
             return 0
         before = now - timedelta(days=self.days)
         deadline = self.clock() + self.budget_s
         deleted = batches = 0
-        while max_batches is None or batches < max_batches:
+        while (max_batches is None or batches < max_batches) and go_on():
             began_s = self.clock()
             with self.journal.transaction("retention") as conn:
                 batch = store.delete_done_before(conn, before=before, limit=self.batch_size)

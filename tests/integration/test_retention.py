@@ -257,3 +257,21 @@ def test_a_run_out_of_its_budget_stops_and_the_next_run_goes_on_from_there(harne
     assert retention.purge(now=now) == 200  # the last, short batch: nothing left
     with rt.engine.connect() as conn:
         assert conn.execute(select(func.count()).select_from(records)).scalar_one() == 0
+
+
+def test_a_run_stops_between_batches_once_the_beat_may_not_go_on(harness):
+    harness.configure(retention_days="1")
+    rt = harness.runtime()
+    now = utcnow()
+    old = now - timedelta(days=3)
+    with rt.engine.begin() as conn:
+        _fill(conn, prefix="Y", count=1_000, status=RecordStatus.DONE, finished_at=old, at=old)
+    asked: list[int] = []
+
+    def go_on() -> bool:  # the lock is lost after the second batch
+        asked.append(1)
+        return len(asked) <= 2
+
+    retention = dataclasses.replace(rt.retention, batch_size=100, sleep=lambda _s: None)
+    assert retention.purge(now=now, go_on=go_on) == 200
+    assert retention.purge(now=now) == 800

@@ -15,7 +15,7 @@ from app.observe.events import Event
 from app.observe.line_view import LineStatus
 from app.observe.monitor import check_line
 from app.settings import Overflow
-from beat.maintenance import Job, Maintenance, MaintenanceThread, due
+from beat.maintenance import Job, Maintenance, MaintenanceThread, MaintenanceThreads, due
 from beat.scheduler import until_next_tick
 
 
@@ -170,3 +170,33 @@ def test_maintenance_ends_after_the_job_under_way_when_the_lock_is_lost_and_neve
 def test_beat_ticks_just_after_each_whole_second(microsecond, expected_s):
     now = datetime(2026, 5, 1, 10, 0, 0, microsecond, tzinfo=UTC)
     assert until_next_tick(now) == pytest.approx(expected_s)
+
+
+def test_a_long_job_on_its_own_thread_holds_up_none_of_the_others():
+    stopping, release, swept = threading.Event(), threading.Event(), threading.Event()
+    sweeps: list[int] = []
+
+    def sweep() -> None:
+        sweeps.append(1)
+        if len(sweeps) >= 3:
+            swept.set()
+
+    threads = MaintenanceThreads(
+        [
+            Job(name="sweep", interval_s=0.01, run=sweep),
+            Job(name="retention", interval_s=0.01, run=lambda: release.wait(10), thread="purge"),
+        ],
+        active=lambda: True,
+        stopping=stopping,
+    )
+    threads.ensure_running()
+    try:
+        # Three sweeps while the purge holds its own thread.
+        assert swept.wait(timeout=10)
+        assert not release.is_set()
+        names = [t.name for t in threading.enumerate()]
+        assert (names.count("beat-maintenance"), names.count("beat-purge")) == (1, 1)
+    finally:
+        stopping.set()
+        release.set()
+        assert threads.join(timeout_s=10)
