@@ -47,6 +47,10 @@ BRPOP_TIMEOUT_S = 1
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024
 
 
+# An admin token's name is its actor in the audit log.
+MAX_ACTOR_NAME_LENGTH = 64
+
+
 class Overflow(StrEnum):
     """What admission does when a line's queue is full."""
 
@@ -184,7 +188,9 @@ class Settings(BaseSettings):
     # Without intake keys the intake refuses to start unless this is set: then it takes
     # unsigned requests from this machine only (`in_dev_mode`).
     dev_mode: bool = False
+    # The admin token of the actor `admin`; more, named ones (name -> token) beside it.
     admin_token: SecretStr | None = None
+    admin_tokens: dict[str, SecretStr] = Field(default_factory=dict)
     max_body_bytes: int = Field(default=DEFAULT_MAX_BODY_BYTES, ge=1024)
     # A request waits this long at most for the journal to take its record, then gets 503.
     journal_timeout_seconds: float = Field(default=5, gt=0)
@@ -279,6 +285,28 @@ class Settings(BaseSettings):
                     f"the secret of key id {key_id!r} is shorter than {MIN_SECRET_BYTES} bytes"
                 )
         return value
+
+    @field_validator("admin_tokens")
+    @classmethod
+    def _named_tokens(cls, value: dict[str, SecretStr]) -> dict[str, SecretStr]:
+        # Named by their name, never by token (the message is printed).
+        for name, token in value.items():
+            if not name or len(name) > MAX_ACTOR_NAME_LENGTH or not name.isprintable():
+                raise ValueError(
+                    f"admin token name {name!r} must be 1 to {MAX_ACTOR_NAME_LENGTH} "
+                    "printable characters"
+                )
+            if len(token.get_secret_value().encode()) < MIN_SECRET_BYTES:
+                raise ValueError(f"the token of {name!r} is shorter than {MIN_SECRET_BYTES} bytes")
+        return value
+
+    @property
+    def admin_actors(self) -> dict[str, SecretStr]:
+        """Every admin token, by the actor it names (the single token is `admin`)."""
+        actors = dict(self.admin_tokens)
+        if self.admin_token is not None:
+            actors.setdefault("admin", self.admin_token)
+        return actors
 
     @field_validator("flower_basic_auth")
     @classmethod

@@ -172,6 +172,22 @@ replays = Table(
 )
 
 
+# Operator actions (replay, retry, cancel, pause, resume, schedule changes), newest last by
+# id; retention never deletes them (`app.journal.audit`).
+audit_log = Table(
+    "audit_log",
+    metadata,
+    Column("id", String(26), primary_key=True),
+    Column("at", UtcDateTime, nullable=False),
+    Column("actor", String(160), nullable=False),
+    Column("action", String(32), nullable=False),
+    Column("target", String(256), nullable=False),
+    Column("params", Json, nullable=False),
+    Column("result", Json, nullable=True),
+    Column("reason", Text, nullable=True),
+)
+
+
 # Cron schedules; beat reads them every tick, so changes need no restart.
 schedules = Table(
     "schedules",

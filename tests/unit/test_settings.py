@@ -211,3 +211,29 @@ def test_a_bad_delivery_setting_is_one_config_error_naming_it(monkeypatch, varia
         load_settings()
     assert variable in str(caught.value)
     assert "\n" not in str(caught.value)
+
+
+def test_named_admin_tokens_name_their_actors_beside_the_single_one(monkeypatch):
+    monkeypatch.setenv("PIPELINE_ADMIN_TOKEN", "the-single-admin-token")
+    monkeypatch.setenv(
+        "PIPELINE_ADMIN_TOKENS",
+        json.dumps({"alice": "alice-token-of-24-bytes", "bob": "bob-token-of-24-bytes-x"}),
+    )
+    actors = load_settings().admin_actors
+    assert {name: token.get_secret_value() for name, token in actors.items()} == {
+        "alice": "alice-token-of-24-bytes",
+        "bob": "bob-token-of-24-bytes-x",
+        "admin": "the-single-admin-token",
+    }
+
+
+@pytest.mark.parametrize(
+    "tokens", [{"alice": "short"}, {"": "a-token-long-enough-here"}, {"a\nb": "x" * 20}]
+)
+def test_a_named_admin_token_too_short_or_badly_named_is_refused(monkeypatch, tokens):
+    monkeypatch.setenv("PIPELINE_ADMIN_TOKENS", json.dumps(tokens))
+    with pytest.raises(ConfigError) as refused:
+        load_settings()
+    message = str(refused.value)
+    assert message.startswith("PIPELINE_ADMIN_TOKENS: ")
+    assert all(len(token) < 16 or token not in message for token in tokens.values())
