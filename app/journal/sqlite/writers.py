@@ -141,7 +141,7 @@ def lock_path_for(database: str | None) -> str | None:
 def _set_query_only(dbapi_connection: Any, value: bool) -> None:
     """`PRAGMA query_only`, sent only when it changes (it is a connection's setting)."""
     if getattr(dbapi_connection, "query_only", False) != value:
-        dbapi_connection.execute(f"PRAGMA query_only={int(value)}")
+        dbapi_connection.execute("PRAGMA query_only=1" if value else "PRAGMA query_only=0")
         dbapi_connection.query_only = value
 
 
