@@ -17,6 +17,7 @@ from celery.exceptions import Reject
 
 from app.celery_app import pipeline_settings
 from app.clock import utcnow
+from app.delivery.outcomes import AttemptResult
 from app.delivery.push import TASK_NAME
 from app.errors import JournalUnavailable
 from app.lines import Line
@@ -45,10 +46,30 @@ def runtime_for(task: Task[Any, Any]) -> Runtime:
     return _runtime[1]
 
 
-@shared_task(name=TASK_NAME, bind=True, acks_late=True, reject_on_worker_lost=True)
+class AttemptFailed(Exception):
+    """An attempt of a record of the message failed: its outcome (`failed`, with its retry
+    due, or `dead`) is already committed in the journal, which owns the retry. Raised so
+    that Celery's task events, and Flower, show the task as failed, with the error; the
+    message is acked all the same (`acks_on_failure_or_timeout`), never requeued or
+    retried by Celery, and the worker logs it as expected (`throws`), without a traceback."""
+
+
+# How much of the failed records' errors the task's exception carries (Flower shows it).
+MAX_FAILURE_TEXT = 2000
+
+
+@shared_task(
+    name=TASK_NAME,
+    bind=True,
+    acks_late=True,
+    reject_on_worker_lost=True,
+    acks_on_failure_or_timeout=True,
+    throws=(AttemptFailed,),
+)
 def process(self: Task[Any, Any], record_ids: str | list[str]) -> str | list[str | None] | None:
     """Run one attempt of each record of the message: one id, or a batch of them (a line's
     `batch_size`). Returns each record's new status, or None where there was nothing to run.
+    Raises `AttemptFailed`, once every outcome is committed, when an attempt failed.
 
     With the journal unreachable the message goes back on its queue after a pause, rather
     than being acked and left to the stuck threshold; the records of a batch already
@@ -61,18 +82,34 @@ def process(self: Task[Any, Any], record_ids: str | list[str]) -> str | list[str
     line = _queue_line(rt, self.request.delivery_info)
     try:
         if len(ids) > 1 and line is not None and line.table_sink:
-            found = rt.runner.run_table_sink_batch(ids, clock=utcnow, rng=_rng)
+            found = rt.runner.attempt_batch(ids, clock=utcnow, rng=_rng)
         else:
             found = [
-                rt.runner.run_record(record_id, clock=utcnow, rng=_rng, line=line)
-                for record_id in ids
+                rt.runner.attempt(record_id, clock=utcnow, rng=_rng, line=line) for record_id in ids
             ]
     except JournalUnavailable as exc:
         log.warning("journal_unavailable_requeued", record_ids=ids[:10], error=str(exc))
         time.sleep(JOURNAL_RETRY_PAUSE_S)
         raise Reject(str(exc), requeue=True) from exc
-    statuses = [status.value if status else None for status in found]
+    failed = [result for result in found if result.failed]
+    if failed:
+        raise AttemptFailed("; ".join(_failure(result) for result in failed)[:MAX_FAILURE_TEXT])
+    statuses = [result.status.value if result.status else None for result in found]
     return statuses[0] if isinstance(record_ids, str) else statuses
+
+
+def _failure(result: AttemptResult) -> str:
+    """One failed attempt, as the task's error shows it: which record, which attempt, what
+    became of the record, and the error."""
+    record = result.record
+    if record is None:  # a failure is always of a record that was claimed
+        return f"record {result.record_id}: {result.error}"
+    became = result.status.value if result.status else "outcome ignored (lease lost)"
+    outcome = result.outcome.value if result.outcome else "-"
+    return (
+        f"{record.line} {record.business_no} (record {record.id}) attempt {record.attempts} "
+        f"{outcome}, record {became}: {result.error}"
+    )
 
 
 def _queue_line(rt: Runtime, delivery_info: Mapping[str, object] | None) -> Line | None:
