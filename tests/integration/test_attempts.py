@@ -10,11 +10,18 @@ import socket
 from datetime import timedelta
 
 import pytest
+from alembic import command
+from alembic.autogenerate import compare_metadata
+from alembic.config import Config
+from alembic.migration import MigrationContext
+from sqlalchemy import inspect
 
 from app.clock import utcnow
 from app.journal import attempt_log
 from app.journal.attempt_log import Outcome, new_attempt
-from app.journal.models import RecordStatus
+from app.journal.engine import make_engine
+from app.journal.models import RecordStatus, metadata
+from app.journal.schema import SCRIPT_LOCATION, upgrade
 from app.recovery.replay import ReplayFilter
 from tests.support.handlers import TAKEOVER_OWNER
 from tests.support.journal import force_status, journal_records
@@ -196,3 +203,26 @@ def test_retention_deletes_the_attempts_of_the_records_it_deletes_only(harness):
     assert [r.id for r in harness.records()] == [kept]
     assert history(rt, expired) == []
     assert [a.error_message for a in history(rt, kept)] == ["down"]
+
+
+def test_the_migrations_build_the_tables_the_models_describe_and_0008_goes_back(database_url):
+    engine = make_engine(database_url)  # the fixture's database is migrated already
+    config = Config()
+    config.set_main_option("script_location", SCRIPT_LOCATION)
+    try:
+        with engine.connect() as conn:
+            context = MigrationContext.configure(conn, opts={"compare_type": True})
+            assert compare_metadata(context, metadata) == []
+        with engine.begin() as conn:
+            config.attributes["connection"] = conn
+            command.downgrade(config, "0007")
+        with engine.connect() as conn:
+            assert "record_attempts" not in inspect(conn).get_table_names()
+        upgrade(engine)
+        with engine.connect() as conn:
+            indexes = inspect(conn).get_indexes("record_attempts")
+        assert [(i["name"], i["column_names"]) for i in indexes] == [
+            ("ix_record_attempts_record_id_id", ["record_id", "id"])
+        ]
+    finally:
+        engine.dispose()
