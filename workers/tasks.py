@@ -48,7 +48,8 @@ def runtime_for(task: Task[Any, Any]) -> Runtime:
 
 class AttemptFailed(Exception):
     """An attempt of a record of the message failed: its outcome (`failed`, with its retry
-    due, or `dead`) is already committed in the journal, which owns the retry. Raised so
+    due, or `dead`) is already committed in the journal, which owns the retry; or its
+    outcome was ignored, the record having been taken over by another attempt. Raised so
     that Celery's task events, and Flower, show the task as failed, with the error; the
     message is acked all the same (`acks_on_failure_or_timeout`), never requeued or
     retried by Celery, and the worker logs it as expected (`throws`), without a traceback."""

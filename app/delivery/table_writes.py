@@ -32,14 +32,13 @@ def write_one(
 ) -> bool:
     """Mark `record` done, write its sink row and its attempt's row: exactly once, and
     only while `owner`'s attempt holds its lease. False when it does not (another run took
-    it over): nothing is written then."""
+    it over): only the attempt's row is written then, as `lease_lost`."""
     marked = attempts.mark_done(conn, record, owner=owner, now=now)
     if marked:
         write_table_sink(conn, record, table=table, now=now)
-        done = attempt_row(
-            record, owner=owner, started_at=started_at, finished_at=now, outcome=Outcome.DONE
-        )
-        attempt_log.write(conn, [done])
+    outcome = Outcome.DONE if marked else Outcome.LEASE_LOST
+    row = attempt_row(record, owner=owner, started_at=started_at, finished_at=now, outcome=outcome)
+    attempt_log.write(conn, [row])
     return marked
 
 
