@@ -9,8 +9,10 @@ loop is the one place the consumer is changed."""
 
 from __future__ import annotations
 
+import signal
 import threading
 from collections import Counter
+from types import FrameType
 from typing import Any
 
 from celery import bootsteps
@@ -21,6 +23,10 @@ from app.logs import get_logger
 from app.observe.stall import ConsumerSample
 
 log = get_logger(__name__)
+
+# Celery's shutdown signals: SIGTERM its warm shutdown, SIGQUIT its cold one (after the soft
+# shutdown), SIGINT either (`celery.apps.worker`).
+SHUTDOWN_SIGNALS = (signal.SIGTERM, signal.SIGQUIT, signal.SIGINT)
 
 _lock = threading.Lock()
 _taken: Counter[str | None] = Counter()
@@ -57,6 +63,37 @@ class ConsumerProbe:
         # them is stuck itself, which a restart of the consumer cannot cure.
         self.restarts_asked = 0
         self.restarts_run = 0
+        # Set by the first shutdown signal (`note_shutdown_signals`).
+        self.stop_asked = threading.Event()
+
+    def note_shutdown_signals(self) -> None:
+        """Set `stop_asked` at each shutdown signal, before Celery's handler runs. Call it
+        in the main thread, once Celery has installed its handlers (at `worker_ready`).
+        Celery replaces some of its handlers while it stops: by then the flag is set."""
+        for signum in SHUTDOWN_SIGNALS:
+            handler = signal.getsignal(signum)
+            if callable(handler):
+                signal.signal(signum, self._noting(handler))
+
+    def _noting(self, handler: Any) -> Any:
+        def note(signum: int, frame: FrameType | None) -> Any:
+            self.stop_asked.set()
+            return handler(signum, frame)
+
+        return note
+
+    def stopping(self) -> bool:
+        """Whether the worker is shutting down: a shutdown signal came, Celery was told to
+        stop, or its consumer no longer runs."""
+        # Celery's own test of its flags: a warm shutdown's flag is its exit code, often 0.
+        flags = (state.should_stop, state.should_terminate)
+        # RUN is missing from celery-types' stub of bootsteps; it is in Celery since 3.x.
+        run = bootsteps.RUN  # type: ignore[attr-defined]
+        return (
+            self.stop_asked.is_set()
+            or any(flag is not None and flag is not False for flag in flags)
+            or self.consumer.blueprint.state != run
+        )
 
     @property
     def restarts_pending(self) -> int:
@@ -90,6 +127,7 @@ class ConsumerProbe:
             held=self.held(),
             slots=self.slots(),
             queue_depth=queue_depth,
+            stopping=self.stopping(),
         )
 
     def restart(self, queue: str, *, consuming: bool) -> None:
@@ -106,13 +144,14 @@ class ConsumerProbe:
 
     def _resubscribe(self, queue: str) -> None:
         self.restarts_run += 1
+        if self.stopping():
+            return  # shutting down: the loop runs what is left of its callbacks
         self.consumer.add_task_queue(queue)
         log.warning("consumer_restarted", queue=queue, how="resubscribed")
 
     def _reconnect(self, queue: str) -> None:
         self.restarts_run += 1
-        # RUN is missing from celery-types' stub of bootsteps; it is in Celery since 3.x.
-        if self.consumer.blueprint.state != bootsteps.RUN:  # type: ignore[attr-defined]
+        if self.stopping():
             return  # shutting down: the loop runs what is left of its callbacks
         log.warning("consumer_restarted", queue=queue, how="reconnected")
         raise RestartConnection(f"the consumer of {queue!r} took nothing: reconnecting")

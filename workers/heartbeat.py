@@ -6,7 +6,8 @@ while its consumer takes nothing (cancelled, or stalled on a connection). So eac
 checks the consumer (`app.observe.stall`): one with a free slot that has taken nothing
 from its line's waiting queue for `worker_stall_after_seconds` is stalled. Its heartbeat
 then says so (it counts as not live), it raises `WORKER_STALLED`, and it restarts its
-consumer in-process, once per `worker_stall_after_seconds` until it takes something."""
+consumer in-process, once per `worker_stall_after_seconds` until it takes something. A
+worker that is shutting down is never stalled, and is not restarted."""
 
 from __future__ import annotations
 
@@ -147,13 +148,15 @@ def _start(sender: Any, **_kwargs: Any) -> None:
     client = make_redis(settings.redis_url, redis_options(settings))
     telemetry = Telemetry(client)
     alerts = Alerter(settings, clock=utcnow, telemetry=telemetry)
+    probe = ConsumerProbe(sender)
+    probe.note_shutdown_signals()
     heartbeat = Heartbeat(
         client=client,
         hostname=sender.hostname,
         lines=lines,
         ttl_s=settings.worker_heartbeat_ttl_seconds,
         stall_after_s=settings.worker_stall_after_seconds,
-        probe=ConsumerProbe(sender),
+        probe=probe,
         alerts=alerts,
     )
     heartbeat.start()

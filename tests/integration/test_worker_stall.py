@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import signal
 from collections.abc import Iterator
 from typing import Any
 
@@ -14,7 +15,7 @@ from app.observe.liveness import heartbeat_key, live_workers
 from tests.support.harness import Harness
 from tests.support.processes import wait_for
 from tests.support.recorder import Recorder
-from tests.support.stall import DETACH_BUSINESS_NO
+from tests.support.stall import DETACH_BUSINESS_NO, LONG_BUSINESS_NO
 
 pytestmark = pytest.mark.journal_independent
 
@@ -145,3 +146,33 @@ def test_a_worker_whose_slots_are_all_held_by_long_tasks_is_busy_not_stalled(
     assert {record.status.value for record in finished.values()} == {"done"}
     assert not _alerts(hooks, "WORKER_STALLED")
     assert beat()["stalled"] is False
+
+
+def test_a_worker_in_its_soft_shutdown_is_not_stalled_and_takes_nothing_more(
+    harness: Harness, hooks: Recorder
+) -> None:
+    # A soft shutdown longer than the stall threshold and the check after it.
+    harness.configure(
+        lines__order__handler="tests.support.stall:hold_long", worker_soft_shutdown_seconds="5"
+    )
+    client = harness.start_intake()
+    worker = harness.start_worker("order", pool="prefork", concurrency=2)
+    long = client.post("/v1/order", json={"business_no": LONG_BUSINESS_NO}).json()["id"]
+
+    def attempts(ids: set[str]) -> dict[str, int]:
+        return {record.id: record.attempts for record in harness.records() if record.id in ids}
+
+    wait_for(lambda: attempts({long}) == {long: 1}, timeout_s=20, what="the long task to start")
+    # One slot free; the soft shutdown holds the worker's event loop while work arrives.
+    worker.ask_to_stop(signal.SIGQUIT)
+    worker.wait_for_output("Soft Shutdown", timeout_s=10)
+    waiting = {
+        client.post("/v1/order", json={"business_no": f"LATE-{n}"}).json()["id"] for n in range(3)
+    }
+    assert worker.process is not None
+    worker.process.wait(timeout=15)
+
+    assert not _alerts(hooks, "WORKER_STALLED")
+    assert "WORKER_STALLED" not in worker.output()
+    assert "consumer_restarted" not in worker.output()
+    assert attempts(waiting) == dict.fromkeys(waiting, 0)

@@ -37,3 +37,16 @@ HOLD_S = 4.0
 def hold(record: Record) -> None:
     """A long task: holds its pool slot for `HOLD_S`."""
     time.sleep(HOLD_S)
+
+
+# The record `hold_long` holds its slot with; any other record ends at once.
+LONG_BUSINESS_NO = "LONG"
+# Longer than the soft shutdown the tests give the worker, so that it is still running
+# when the worker stops.
+LONG_HOLD_S = 30.0
+
+
+def hold_long(record: Record) -> None:
+    """A long task for the record `LONG_BUSINESS_NO`; every other record ends at once."""
+    if record.business_no == LONG_BUSINESS_NO:
+        time.sleep(LONG_HOLD_S)

@@ -51,6 +51,14 @@ def test_a_worker_holding_more_than_its_slots_is_busy_too() -> None:
     assert not stalled([replace(STARVED, held=3, slots=2)] * 100)
 
 
+def test_a_worker_that_is_stopping_is_never_stalled_and_its_clock_starts_again() -> None:
+    # Its shutdown cancels the consumer, or holds the event loop, while tasks finish.
+    stopping = [replace(STARVED, stopping=True), replace(STARVED, consuming=False, stopping=True)]
+    assert not stalled(stopping * 100)
+    # Its starved time before it began stopping is not carried over.
+    assert not stalled([*[STARVED] * 6, *stopping, *[STARVED] * 5])
+
+
 @pytest.mark.parametrize("depth", [0, None])
 def test_an_empty_or_unknown_queue_starves_nobody(depth: int | None) -> None:
     assert not stalled([replace(STARVED, queue_depth=depth)] * 100)
