@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import signal
 import threading
-from collections import Counter
+from collections import Counter, deque
 from types import FrameType
 from typing import Any
 
@@ -63,6 +63,8 @@ class ConsumerProbe:
         # them is stuck itself, which a restart of the consumer cannot cure.
         self.restarts_asked = 0
         self.restarts_run = 0
+        # When each restart not yet known to have run was asked (monotonic, oldest first).
+        self._asked_at_s: deque[float] = deque()
         # Set by the first shutdown signal (`note_shutdown_signals`).
         self.stop_asked = threading.Event()
 
@@ -130,12 +132,26 @@ class ConsumerProbe:
             stopping=self.stopping(),
         )
 
-    def restart(self, queue: str, *, consuming: bool) -> None:
+    def exit_with(self, code: int) -> None:
+        """Make the worker exit with `code` when Celery's shutdown ends it (Celery exits
+        with the code its worker holds, which a cold shutdown leaves as it is)."""
+        self.consumer.controller.exitcode = code
+
+    def restart_waiting_since_s(self) -> float | None:
+        """When the oldest restart that the event loop has not run was handed to it
+        (monotonic); None when none waits. The loop runs all it was handed at once."""
+        while len(self._asked_at_s) > self.restarts_pending:
+            self._asked_at_s.popleft()
+        return self._asked_at_s[0] if self._asked_at_s else None
+
+    def restart(self, queue: str, *, consuming: bool, now_s: float) -> None:
         """Hand the consumer's event loop a restart of its consumption of `queue`: a
         cancelled consumer subscribes to the queue again (what `celery control add_consumer`
         does); one that is subscribed but takes nothing reconnects, as Celery does when it
         loses its connection (the messages it holds go back to their queue, and the lease
-        of each record keeps a second attempt from starting while the first runs)."""
+        of each record keeps a second attempt from starting while the first runs). `now_s`
+        is when (monotonic); restarts are asked from one thread, the heartbeat's."""
+        self._asked_at_s.append(now_s)
         self.restarts_asked += 1
         if consuming:
             self.consumer.call_soon(self._reconnect, queue)

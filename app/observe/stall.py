@@ -60,6 +60,19 @@ class StallWatch:
             self.restarted_at_s is None or now_s - self.restarted_at_s >= stall_after_s
         )
 
+    def exit_due(
+        self, *, now_s: float, stall_after_s: float, restart_waiting_since_s: float | None
+    ) -> bool:
+        """Stalled still, and the oldest restart its event loop has not run was handed to
+        it at `restart_waiting_since_s` (None: none waits), `stall_after_s` ago or more.
+        A consumer that took something since is not stalled, so a loop that was only busy
+        for a while (a task in the solo pool, which holds the one slot) never makes it due."""
+        return (
+            restart_waiting_since_s is not None
+            and self.is_stalled(now_s=now_s, stall_after_s=stall_after_s)
+            and now_s - restart_waiting_since_s >= stall_after_s
+        )
+
     def restarted(self, *, now_s: float) -> StallWatch:
         """The watch after its consumer was restarted at `now_s`."""
         return replace(self, restarted_at_s=now_s, restarts=self.restarts + 1)

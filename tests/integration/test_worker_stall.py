@@ -15,7 +15,13 @@ from app.observe.liveness import heartbeat_key, live_workers
 from tests.support.harness import Harness
 from tests.support.processes import wait_for
 from tests.support.recorder import Recorder
-from tests.support.stall import DETACH_BUSINESS_NO, LONG_BUSINESS_NO
+from tests.support.stall import (
+    BLOCK_BUSINESS_NO,
+    DETACH_BUSINESS_NO,
+    LONG_BUSINESS_NO,
+    UNBLOCK_KEY,
+)
+from workers.heartbeat import STUCK_EXIT_CODE
 
 pytestmark = pytest.mark.journal_independent
 
@@ -176,3 +182,37 @@ def test_a_worker_in_its_soft_shutdown_is_not_stalled_and_takes_nothing_more(
     assert "WORKER_STALLED" not in worker.output()
     assert "consumer_restarted" not in worker.output()
     assert attempts(waiting) == dict.fromkeys(waiting, 0)
+
+
+@pytest.mark.parametrize(
+    ("comes_back", "soft_shutdown_s"),
+    [(False, "1"), (True, "5")],
+    ids=["stays-stuck", "comes-back-in-its-shutdown"],
+)
+def test_a_worker_whose_event_loop_is_stuck_exits_for_its_supervisor(
+    harness: Harness, hooks: Recorder, comes_back: bool, soft_shutdown_s: str
+) -> None:
+    # It waits for its own shutdown this soft shutdown and the stall threshold again.
+    harness.configure(
+        lines__order__handler="tests.support.stall:block_loop",
+        worker_soft_shutdown_seconds=soft_shutdown_s,
+    )
+    client = harness.start_intake()
+    worker = harness.start_worker("order")
+    for business_no in (BLOCK_BUSINESS_NO, "WAITING-0", "WAITING-1", "WAITING-2"):
+        assert client.post("/v1/order", json={"business_no": business_no}).status_code == 202
+
+    # Stalled after 2 s, its restart not run 2 s later: it signals itself.
+    worker.wait_for_output("worker_stuck_exiting", timeout_s=20)
+    if comes_back:
+        harness.runtime().redis.set(UNBLOCK_KEY, 1)
+    assert worker.process is not None
+    worker.process.wait(timeout=15)
+    # Whether Celery's shutdown ended it or, the loop stuck still, it ended itself.
+    assert worker.process.returncode == STUCK_EXIT_CODE
+    assert ("worker_stuck_exited" in worker.output()) is not comes_back
+    wait_for(
+        lambda: any("exits" in alert["message"] for alert in _alerts(hooks, "WORKER_STALLED")),
+        timeout_s=5,
+        what="WORKER_STALLED saying that the worker exits",
+    )
