@@ -117,10 +117,14 @@ class ConsumerProbe:
         return len(state.reserved_requests)
 
     def slots(self) -> int:
-        """How many messages the consumer may hold at once (its prefetch count)."""
+        """How many messages the consumer may hold at once: its prefetch count, and no more
+        than its pool runs at once (a solo pool runs one, on the event loop, whatever the
+        prefetch count its concurrency set)."""
         qos = self.consumer.qos
         value = int(qos.value) if qos is not None else 0
-        return value or int(self.consumer.controller.concurrency or 1)
+        prefetch = value or int(self.consumer.controller.concurrency or 1)
+        limit = getattr(self.consumer.pool, "limit", None)
+        return min(prefetch, int(limit)) if limit else prefetch
 
     def sample(self, queue: str, *, queue_depth: int | None) -> ConsumerSample:
         return ConsumerSample(

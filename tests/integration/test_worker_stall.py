@@ -121,15 +121,20 @@ def test_a_consumer_subscribed_but_fetching_nothing_reconnects_and_its_records_e
     assert {record.status.value for record in finished.values()} == {"done"}
 
 
+@pytest.mark.parametrize(
+    ("pool", "slots"),
+    # A solo worker runs one task at a time, on its event loop, whatever its prefetch count.
+    [("prefork", 2), ("solo", 1)],
+)
 def test_a_worker_whose_slots_are_all_held_by_long_tasks_is_busy_not_stalled(
-    harness: Harness, hooks: Recorder
+    harness: Harness, hooks: Recorder, pool: str, slots: int
 ) -> None:
     harness.configure(lines__order__handler="tests.support.stall:hold")
     client = harness.start_intake()
-    harness.start_worker("order", pool="prefork", concurrency=2)
+    harness.start_worker("order", pool=pool, concurrency=2)
     rt = harness.runtime()
     ids = set()
-    for n in range(4):
+    for n in range(slots + 1):  # one more than it may hold: it waits
         response = client.post("/v1/order", json={"business_no": f"LONG-{n}"})
         assert response.status_code == 202
         ids.add(response.json()["id"])
@@ -143,11 +148,11 @@ def test_a_worker_whose_slots_are_all_held_by_long_tasks_is_busy_not_stalled(
 
     def busy_with_work_waiting() -> bool:
         consumer = beat().get("consumer", {})
-        return consumer.get("held") == 2 and consumer.get("slots") == 2
+        return consumer.get("held") == slots and consumer.get("slots") == slots
 
-    # Both slots held by 4 s tasks while two messages wait: past the 2 s threshold, and
-    # still live and quiet.
-    wait_for(busy_with_work_waiting, timeout_s=30, what="a heartbeat with both slots held")
+    # Every slot held by 4 s tasks while messages wait: past the 2 s threshold, and still
+    # live and quiet.
+    wait_for(busy_with_work_waiting, timeout_s=30, what="a heartbeat with every slot held")
     finished = harness.wait_until_final(ids, timeout_s=60)
     assert {record.status.value for record in finished.values()} == {"done"}
     assert not _alerts(hooks, "WORKER_STALLED")
