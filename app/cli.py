@@ -107,7 +107,9 @@ def worker(
     concurrency: Annotated[int | None, typer.Option(help="Overrides the line's setting.")] = None,
     pool: Annotated[str, typer.Option(help="Celery pool: prefork, solo or threads.")] = "prefork",
 ) -> None:
-    """Run the Celery worker of one line."""
+    """Run the Celery worker of one line; exits with the worker's exit code."""
+    from celery.signals import worker_init  # noqa: PLC0415
+
     from app.celery_app import create_celery  # noqa: PLC0415
     from app.journal.engine import refuse_unsafe_journal  # noqa: PLC0415
     from app.lines import LineRegistry  # noqa: PLC0415
@@ -116,6 +118,10 @@ def worker(
     spec = LineRegistry.from_settings(settings).get(line)
     refuse_unsafe_journal(settings.database_url)
     celery = create_celery(settings)
+    # Celery's `worker_main` returns nothing: its exit code is the worker's to read, and a
+    # supervisor reads ours.
+    workers: list[Any] = []
+    worker_init.connect(lambda sender, **_kwargs: workers.append(sender), weak=False)
     celery.worker_main(
         [
             "worker",
@@ -133,6 +139,7 @@ def worker(
             "--without-gossip",
         ]
     )
+    raise typer.Exit(next((w.exitcode for w in workers if w.exitcode), 0))
 
 
 @cli.command()
