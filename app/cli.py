@@ -204,12 +204,23 @@ def bench(
     no_wrk: Annotated[
         bool, typer.Option("--no-wrk", help="The built-in load generator even if wrk is here.")
     ] = False,
+    scenario: Annotated[
+        list[str] | None,
+        typer.Option(help="Run only this scenario (repeat for several); default: all."),
+    ] = None,
 ) -> None:
     """Measure the pipeline beside its references, in one run."""
     import tempfile  # noqa: PLC0415
 
     from app.bench.report import print_table  # noqa: PLC0415
-    from app.bench.run import run_bench  # noqa: PLC0415
+    from app.bench.run import SCENARIOS, run_bench  # noqa: PLC0415
+
+    unknown = sorted(set(scenario or ()) - set(SCENARIOS))
+    if unknown:
+        raise typer.BadParameter(
+            f"no such scenario: {', '.join(unknown)} (scenarios: {', '.join(SCENARIOS)})",
+            param_hint="--scenario",
+        )
 
     configure_logging(json=False, level="ERROR")  # the figures own stdout
     console = Console(stderr=True)
@@ -221,6 +232,7 @@ def bench(
             workdir=Path(workdir),
             progress=lambda message: console.print(f"[dim]bench[/dim] {message}"),
             plain_load=no_wrk,
+            scenarios=tuple(scenario) if scenario else SCENARIOS,
         )
     if save is not None:
         save.write_text(json.dumps(figures, indent=2) + "\n")
