@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import getpass
 import json
 import os
 import sys
@@ -272,11 +271,13 @@ def replay(
         ),
     ] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Count, change nothing.")] = False,
+    reason: Annotated[str | None, typer.Option(help="Why, for the audit log.")] = None,
 ) -> None:
     """Put records that did not finish back on their queues, skipping what downstream has."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn  # noqa: PLC0415
 
     from app.clock import utcnow  # noqa: PLC0415
+    from app.journal import audit  # noqa: PLC0415
     from app.recovery.replay import DEFAULT_STATUSES, ReplayFilter  # noqa: PLC0415
     from app.runtime import Runtime  # noqa: PLC0415
 
@@ -298,7 +299,8 @@ def replay(
             counts = rt.replayer.replay(
                 where,
                 dry_run=dry_run,
-                actor=f"cli:{getpass.getuser()}",
+                actor=audit.cli_actor(),
+                reason=reason,
                 clock=utcnow,
                 on_page=lambda n: progress.advance(task, n),
             )
