@@ -17,10 +17,12 @@ from sqlalchemy.exc import SQLAlchemyError
 from app.cli_audit import audit
 from app.cli_schedules import schedules_cli, settings_for_command
 from app.clock import as_utc
-from app.errors import ConfigError, PipelineError
+from app.errors import AdminNotConfigured, ConfigError, PipelineError
 from app.journal.models import RecordStatus
-from app.logs import configure_logging
+from app.logs import configure_logging, get_logger
 from app.settings import Settings
+
+log = get_logger(__name__)
 
 cli = typer.Typer(
     help="A durable task pipeline: journaled intake, bounded per-line queues, Celery workers.",
@@ -36,6 +38,14 @@ cli.command()(audit)
 
 def _settings() -> Settings:
     return settings_for_command()
+
+
+def admin_closed_notice(settings: Settings) -> str | None:
+    """What the intake says at start when its admin endpoints are closed (no admin token,
+    and not dev mode, which opens them): how to open them. None when they are open."""
+    if settings.admin_actors or settings.in_dev_mode:
+        return None
+    return AdminNotConfigured().message
 
 
 @cli.command()
@@ -60,6 +70,9 @@ def up(
         )
     LineRegistry.from_settings(settings)  # a bad line setting stops us before any child starts
     check_bind_host(settings, settings.intake_host)
+    notice = admin_closed_notice(settings)
+    if notice is not None:
+        print(f"admin     {notice}")
     raise typer.Exit(run_stack(settings, workdir=workdir.resolve()))
 
 
@@ -82,6 +95,9 @@ def intake(
     check_bind_host(settings, bind)
     refuse_unsafe_journal(settings.database_url)
     app = create_app(settings)  # refuses no keys without dev mode; says so in dev mode
+    notice = admin_closed_notice(settings)
+    if notice is not None:
+        log.warning("admin_endpoints_closed", message=notice)
     tune_gc()
     bind_port = port if port is not None else settings.intake_port
     # The same server options for one process and for several: the header limits are in
