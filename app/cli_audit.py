@@ -18,9 +18,12 @@ MAX_PAGE = 1000
 
 
 def _compact(value: dict[str, Any] | None) -> str:
+    """`key=value, …`, values as JSON: short enough for a table's cell."""
     if not value:
         return "-"
-    return json.dumps(value, separators=(",", ":"), sort_keys=True, default=str)
+    return ", ".join(
+        f"{key}={json.dumps(item, default=str)}" for key, item in sorted(value.items())
+    )
 
 
 def audit(
@@ -46,10 +49,15 @@ def audit(
     finally:
         engine.dispose()
     page = entries[:limit]
-    table = Table("time", "actor", "action", "target", "params", "result", "reason")
+    table = Table(expand=True)
+    for header in ("time", "actor", "action"):
+        table.add_column(header, no_wrap=True)
+    # Folded, never cut: an id or a count cut short would mislead.
+    for header, ratio in (("target", 2), ("params", 4), ("result", 3), ("reason", 2)):
+        table.add_column(header, overflow="fold", ratio=ratio)
     for entry in page:
         table.add_row(
-            entry.at.isoformat(timespec="seconds"),
+            entry.at.strftime("%Y-%m-%dT%H:%M:%SZ"),
             entry.actor,
             entry.action.value,
             entry.target,
