@@ -16,11 +16,13 @@ import pytest
 from sqlalchemy import update
 
 from app.clock import utcnow
+from app.errors import BrokerUnavailable
 from app.journal import audit
 from app.journal.audit import Action
 from app.journal.models import RecordStatus, records
+from app.recovery.replay import ReplayFilter
 from tests.support.journal import journal_records
-from tests.support.processes import wait_for
+from tests.support.processes import free_port, wait_for
 from tests.support.recorder import Recorder
 
 # Runs on every journal database (SQLite and PostgreSQL).
@@ -221,3 +223,17 @@ def test_retention_deletes_expired_records_and_leaves_the_audit_log(harness):
     assert rt.retention.purge(now=utcnow()) == 1
     assert harness.record_count() == 0
     assert [row.target for row in audit_rows(harness)] == [f"record:{old}"]
+
+
+def test_a_replay_that_fails_part_way_is_audited_with_the_failure(harness):
+    harness.configure(redis_url=f"redis://127.0.0.1:{free_port()}/0")  # nothing listens
+    rt = harness.runtime()
+    journal_records(rt, [{"business_no": "F-1"}], line="order", status=RecordStatus.DEAD)
+    with pytest.raises(BrokerUnavailable):
+        rt.replayer.replay(
+            ReplayFilter(line="order"), dry_run=False, actor="alice", clock=utcnow, reason="x"
+        )
+    (row,) = audit_rows(harness)
+    assert (row.actor, row.reason) == ("alice", "x")
+    assert row.result is not None
+    assert (row.result["matched"], row.result["error"]) == (1, "BrokerUnavailable")
