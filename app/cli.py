@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import getpass
 import json
 import os
 import sys
@@ -15,12 +14,15 @@ from rich.console import Console
 from rich.table import Table
 from sqlalchemy.exc import SQLAlchemyError
 
+from app.cli_audit import audit
 from app.cli_schedules import schedules_cli, settings_for_command
 from app.clock import as_utc
-from app.errors import ConfigError, PipelineError
+from app.errors import AdminNotConfigured, ConfigError, PipelineError
 from app.journal.models import RecordStatus
-from app.logs import configure_logging
+from app.logs import configure_logging, get_logger
 from app.settings import Settings
+
+log = get_logger(__name__)
 
 cli = typer.Typer(
     help="A durable task pipeline: journaled intake, bounded per-line queues, Celery workers.",
@@ -31,10 +33,19 @@ cli = typer.Typer(
 db_cli = typer.Typer(help="The journal's schema.", no_args_is_help=True)
 cli.add_typer(db_cli, name="db")
 cli.add_typer(schedules_cli, name="schedules")
+cli.command()(audit)
 
 
 def _settings() -> Settings:
     return settings_for_command()
+
+
+def admin_closed_notice(settings: Settings) -> str | None:
+    """What the intake says at start when its admin endpoints are closed (no admin token,
+    and not dev mode, which opens them): how to open them. None when they are open."""
+    if settings.admin_actors or settings.in_dev_mode:
+        return None
+    return AdminNotConfigured().message
 
 
 @cli.command()
@@ -59,6 +70,9 @@ def up(
         )
     LineRegistry.from_settings(settings)  # a bad line setting stops us before any child starts
     check_bind_host(settings, settings.intake_host)
+    notice = admin_closed_notice(settings)
+    if notice is not None:
+        print(f"admin     {notice}")
     raise typer.Exit(run_stack(settings, workdir=workdir.resolve()))
 
 
@@ -81,6 +95,9 @@ def intake(
     check_bind_host(settings, bind)
     refuse_unsafe_journal(settings.database_url)
     app = create_app(settings)  # refuses no keys without dev mode; says so in dev mode
+    notice = admin_closed_notice(settings)
+    if notice is not None:
+        log.warning("admin_endpoints_closed", message=notice)
     tune_gc()
     bind_port = port if port is not None else settings.intake_port
     # The same server options for one process and for several: the header limits are in
@@ -291,11 +308,13 @@ def replay(
         ),
     ] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Count, change nothing.")] = False,
+    reason: Annotated[str | None, typer.Option(help="Why, for the audit log.")] = None,
 ) -> None:
     """Put records that did not finish back on their queues, skipping what downstream has."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn  # noqa: PLC0415
 
     from app.clock import utcnow  # noqa: PLC0415
+    from app.journal import audit  # noqa: PLC0415
     from app.recovery.replay import DEFAULT_STATUSES, ReplayFilter  # noqa: PLC0415
     from app.runtime import Runtime  # noqa: PLC0415
 
@@ -317,7 +336,8 @@ def replay(
             counts = rt.replayer.replay(
                 where,
                 dry_run=dry_run,
-                actor=f"cli:{getpass.getuser()}",
+                actor=audit.cli_actor(),
+                reason=reason,
                 clock=utcnow,
                 on_page=lambda n: progress.advance(task, n),
             )
