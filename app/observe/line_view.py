@@ -15,8 +15,9 @@ from typing import Protocol
 import redis
 
 from app.errors import BrokerUnavailable
-from app.journal import store
+from app.journal import pauses, store
 from app.journal.journal import Journal
+from app.journal.pauses import LinePause
 from app.lines import LineRegistry
 from app.observe.liveness import live_workers
 from app.observe.recent import Recent
@@ -45,6 +46,12 @@ class LineStatus:
     live_workers: int | None
     counts: dict[str, int]
     oldest_unfinished_age_s: float | None
+    # Paused by an operator: no attempt starts and nothing is pushed until it resumes.
+    pause: LinePause | None = None
+
+    @property
+    def paused(self) -> bool:
+        return self.pause is not None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,6 +60,7 @@ class JournalView:
 
     counts: dict[str, dict[str, int]]
     oldest_unfinished: dict[str, datetime | None]
+    paused: dict[str, LinePause] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -95,6 +103,7 @@ class LineView:
                 oldest_unfinished={
                     line.name: store.oldest_unfinished(conn, line=line.name) for line in self.lines
                 },
+                paused=pauses.paused(conn),
             )
 
     def queue_views(self) -> dict[str, QueueView]:
@@ -129,6 +138,7 @@ class LineView:
                     live_workers=queue.live_workers if queue else None,
                     counts=journal.counts.get(line.name, {}),
                     oldest_unfinished_age_s=(now - started).total_seconds() if started else None,
+                    pause=journal.paused.get(line.name),
                 )
             )
         return rows

@@ -88,13 +88,19 @@ def _journal_families(lines: LineRegistry, journal: JournalView, *, now: datetim
         "Age of the line's oldest unfinished record (0 when none).",
         labels=["line"],
     )
+    paused = GaugeMetricFamily(
+        "pipeline_line_paused",
+        "1 while an operator has the line paused (no attempt starts, nothing is pushed).",
+        labels=["line"],
+    )
     for line in lines:
+        paused.add_metric([line.name], 1 if line.name in journal.paused else 0)
         counts = journal.counts.get(line.name, {})
         for status in RecordStatus:
             by_status.add_metric([line.name, status.value], counts.get(status.value, 0))
         started = journal.oldest_unfinished.get(line.name)
         oldest.add_metric([line.name], (now - started).total_seconds() if started else 0.0)
-    return [by_status, oldest]
+    return [by_status, oldest, paused]
 
 
 def families(view: LineView, *, now: datetime) -> list[Metric]:
