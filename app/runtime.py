@@ -76,7 +76,7 @@ class Runtime:
         acceptor = Acceptor(
             journal=journal, pusher=pusher, alerts=alerts, lines=lines, paused=paused
         )
-        view = LineView(journal=journal, queues=pusher, redis=client, lines=lines)
+        view = LineView(journal=journal, queues=pusher, redis=client, lines=lines, paused=paused)
         return cls(
             settings=settings,
             lines=lines,

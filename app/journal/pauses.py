@@ -46,11 +46,12 @@ def pause(
         dialect.insert(line_pauses)
         .values(line=line, paused_at=now, actor=actor, reason=reason)
         .on_conflict_do_nothing(index_elements=[line_pauses.c.line])
+        .returning(line_pauses.c.line)
     )
     # Twice at most: a pause that another transaction ends between the two statements
     # leaves nothing to read, and the second insert then makes ours.
     for _ in range(2):
-        made = conn.execute(statement).rowcount == 1
+        made = conn.execute(statement).first() is not None
         found = get(conn, line)
         if found is not None:
             return found, made

@@ -15,7 +15,7 @@ from typing import Protocol
 import redis
 
 from app.errors import BrokerUnavailable
-from app.journal import pauses, store
+from app.journal import store
 from app.journal.journal import Journal
 from app.journal.pauses import LinePause
 from app.lines import LineRegistry
@@ -33,6 +33,12 @@ class QueueDepths(Protocol):
     def depth(self, queue: str) -> int:
         """Raises `BrokerUnavailable`."""
         ...
+
+
+class PausedView(Protocol):
+    """The paused lines as a process sees them (`app.delivery.paused.PausedLines`)."""
+
+    def current(self) -> dict[str, LinePause]: ...
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -60,7 +66,6 @@ class JournalView:
 
     counts: dict[str, dict[str, int]]
     oldest_unfinished: dict[str, datetime | None]
-    paused: dict[str, LinePause] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -80,6 +85,8 @@ class LineView:
     queues: QueueDepths
     redis: redis.Redis
     lines: LineRegistry
+    # The paused lines (`app.delivery.paused.PausedLines`, read at most once a second).
+    paused: PausedView | None = None
     # Seconds, for the age of the journal's view (a clock the tests may move).
     clock: Callable[[], float] = time.monotonic
     journal_lifetime_s: float = JOURNAL_VIEW_LIFETIME_S
@@ -103,8 +110,11 @@ class LineView:
                 oldest_unfinished={
                     line.name: store.oldest_unfinished(conn, line=line.name) for line in self.lines
                 },
-                paused=pauses.paused(conn),
             )
+
+    def pauses(self) -> dict[str, LinePause]:
+        """The paused lines' pauses, by line."""
+        return {} if self.paused is None else self.paused.current()
 
     def queue_views(self) -> dict[str, QueueView]:
         """Queue depth and live workers per line. Raises `BrokerUnavailable`."""
@@ -121,6 +131,7 @@ class LineView:
 
         Raises `JournalUnavailable` when the journal does not answer."""
         journal = self.journal_view()
+        paused = self.pauses()
         try:
             queues: dict[str, QueueView] = self.queue_views()
         except BrokerUnavailable:
@@ -138,7 +149,7 @@ class LineView:
                     live_workers=queue.live_workers if queue else None,
                     counts=journal.counts.get(line.name, {}),
                     oldest_unfinished_age_s=(now - started).total_seconds() if started else None,
-                    pause=journal.paused.get(line.name),
+                    pause=paused.get(line.name),
                 )
             )
         return rows

@@ -88,19 +88,25 @@ def _journal_families(lines: LineRegistry, journal: JournalView, *, now: datetim
         "Age of the line's oldest unfinished record (0 when none).",
         labels=["line"],
     )
-    paused = GaugeMetricFamily(
-        "pipeline_line_paused",
-        "1 while an operator has the line paused (no attempt starts, nothing is pushed).",
-        labels=["line"],
-    )
     for line in lines:
-        paused.add_metric([line.name], 1 if line.name in journal.paused else 0)
         counts = journal.counts.get(line.name, {})
         for status in RecordStatus:
             by_status.add_metric([line.name, status.value], counts.get(status.value, 0))
         started = journal.oldest_unfinished.get(line.name)
         oldest.add_metric([line.name], (now - started).total_seconds() if started else 0.0)
-    return [by_status, oldest, paused]
+    return [by_status, oldest]
+
+
+def _paused_family(view: LineView) -> Metric:
+    paused = GaugeMetricFamily(
+        "pipeline_line_paused",
+        "1 while an operator has the line paused (no attempt starts, nothing is pushed).",
+        labels=["line"],
+    )
+    found = view.pauses()
+    for line in view.lines:
+        paused.add_metric([line.name], 1 if line.name in found else 0)
+    return paused
 
 
 def families(view: LineView, *, now: datetime) -> list[Metric]:
@@ -128,7 +134,7 @@ def families(view: LineView, *, now: datetime) -> list[Metric]:
         journal_up.add_metric([], 0)
     else:
         journal_up.add_metric([], 1)
-        found += _journal_families(lines, journal, now=now)
+        found += [*_journal_families(lines, journal, now=now), _paused_family(view)]
     return [*found, redis_up, journal_up]
 
 
