@@ -74,6 +74,12 @@ def test_pause_and_resume_are_admin_actions_audited_and_shown(harness):
     assert metric(metrics, "pipeline_line_paused", line="order") == 1
     assert metric(metrics, "pipeline_line_paused", line="refund") == 0
 
+    harness.env["COLUMNS"] = "200"  # one table row per line, however narrow the terminal
+    status = harness.run("status")
+    assert status.process is not None
+    assert status.process.wait(timeout=30) == 0, status.output()
+    assert "paused by alice" in status.output()
+
     # The command line pauses and resumes the same state, as `cli:<user>`.
     cli = harness.run("resume", "order", "--reason", "done with it")
     assert cli.process is not None
