@@ -184,6 +184,12 @@ def test_a_pause_holds_through_restarts_and_a_resume_delivers_in_journal_order(h
     worker = harness.start_worker("order")
     beat = harness.start_beat()
     assert _line_row(client, "order")["paused"] is True
+    # A paused line's worker is live, not stalled: it takes what comes and holds it back.
+    wait_for(
+        lambda: _line_row(client, "order")["live_workers"] == 1,
+        timeout_s=5,
+        what="the restarted worker's heartbeat",
+    )
     time.sleep(1.0)  # the restarted worker and beat have read the pause and swept
     late = [
         run
