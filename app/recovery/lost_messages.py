@@ -9,7 +9,7 @@ between its claim and its push. Run by the active beat every
 `lost_after_seconds`) are compared with what the line's queue and kombu's unacked
 messages hold, read in one step; those whose message is in neither are claimed, if no
 attempt took them meanwhile, and pushed again. Redis is read only when some record has
-waited that long.
+waited that long. A paused line is passed over until its resume.
 
 A record whose message was being taken by a worker at the moment of the read (between
 kombu's fetch and its bookkeeping) may be pushed twice: its second message finds it in

@@ -7,7 +7,8 @@ due, `enqueued` ones that can no longer be on the queue (Redis lost its memory: 
 epoch; or unchanged past the stuck threshold), and those whose attempt's lease expired
 without an outcome. None in flight (a live lease) is pushed. Thresholds are on the
 database's clock. Then one pipelined push per batch; what was not
-pushed is put back as it was. Two sweepers at once never lose or double-claim a record."""
+pushed is put back as it was. Two sweepers at once never lose or double-claim a record.
+A paused line (`app.delivery.paused`) is passed over: what waits keeps its place."""
 
 from __future__ import annotations
 
