@@ -209,7 +209,8 @@ def test_a_pause_holds_through_restarts_and_a_resume_delivers_in_journal_order(h
     assert {r.status for r in final.values()} == {RecordStatus.DONE}
 
     runs = runs_by_record(log)
-    started = sorted(runs, key=lambda record_id: runs[record_id][-1][0])
+    assert {len(spans) for spans in runs.values()} == {1}, "a record ran twice"
+    started = sorted(runs, key=lambda record_id: runs[record_id][0][0])
     # What waited while paused starts in journal order, and nothing new overtakes it.
     resumed_order = [i for i in started if i in waiting or i in after]
     assert resumed_order == [*waiting, *sorted(after)]
