@@ -15,6 +15,7 @@ from rich.table import Table
 from sqlalchemy.exc import SQLAlchemyError
 
 from app.cli_audit import audit
+from app.cli_lines import add_line_commands
 from app.cli_schedules import schedules_cli, settings_for_command
 from app.clock import as_utc
 from app.errors import AdminNotConfigured, ConfigError, PipelineError
@@ -34,6 +35,7 @@ db_cli = typer.Typer(help="The journal's schema.", no_args_is_help=True)
 cli.add_typer(db_cli, name="db")
 cli.add_typer(schedules_cli, name="schedules")
 cli.command()(audit)
+add_line_commands(cli)
 
 
 def _settings() -> Settings:
@@ -270,14 +272,17 @@ def status() -> None:
         rows = rt.view.line_statuses(now=utcnow())
     finally:
         rt.close()
-    table = Table("line", "depth / bound", "policy", "live workers", "counts", "oldest unfinished")
+    table = Table(
+        "line", "depth / bound", "policy", "live workers", "counts", "oldest unfinished", "paused"
+    )
     for row in rows:
         depth = "redis down" if row.queue_depth is None else str(row.queue_depth)
         counts = ", ".join(f"{k}={v}" for k, v in sorted(row.counts.items())) or "-"
         age = "-" if row.oldest_unfinished_age_s is None else f"{row.oldest_unfinished_age_s:.0f}s"
         live = "?" if row.live_workers is None else str(row.live_workers)
+        paused = "-" if row.pause is None else f"paused by {row.pause.actor}"
         table.add_row(
-            row.line, f"{depth} / {row.max_queue_length}", row.overflow, live, counts, age
+            row.line, f"{depth} / {row.max_queue_length}", row.overflow, live, counts, age, paused
         )
     Console().print(table)
 
