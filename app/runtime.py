@@ -14,6 +14,8 @@ from sqlalchemy import Engine
 
 from app.clock import utcnow
 from app.delivery.accept import Acceptor
+from app.delivery.paused import PausedLines
+from app.delivery.pausing import LinePauser
 from app.delivery.push import Pusher
 from app.delivery.runner import AttemptRunner
 from app.delivery.sinks import make_http_client
@@ -56,6 +58,8 @@ class Runtime:
     view: LineView
     monitor: Monitor
     firer: ScheduleFirer
+    paused: PausedLines
+    pauser: LinePauser
 
     @classmethod
     def build(cls, settings: Settings, *, db_pool_size: int = 5) -> Runtime:
@@ -68,8 +72,11 @@ class Runtime:
         pusher = Pusher(client)
         http = make_http_client()
         alerts = Alerter(settings, clock=utcnow, telemetry=telemetry)
-        acceptor = Acceptor(journal=journal, pusher=pusher, alerts=alerts, lines=lines)
-        view = LineView(journal=journal, queues=pusher, redis=client, lines=lines)
+        paused = PausedLines(journal)
+        acceptor = Acceptor(
+            journal=journal, pusher=pusher, alerts=alerts, lines=lines, paused=paused
+        )
+        view = LineView(journal=journal, queues=pusher, redis=client, lines=lines, paused=paused)
         return cls(
             settings=settings,
             lines=lines,
@@ -99,6 +106,7 @@ class Runtime:
                 batch_limit=settings.sweep_batch_size,
                 received_grace_s=settings.received_grace_seconds,
                 stuck_after_s=settings.stuck_after_seconds,
+                paused=paused,
             ),
             lost=LostMessages(
                 journal=journal,
@@ -107,6 +115,7 @@ class Runtime:
                 telemetry=telemetry,
                 alerts=alerts,
                 quiet_s=settings.lost_after_seconds,
+                paused=paused,
             ),
             retention=Retention(
                 journal=journal,
@@ -125,6 +134,8 @@ class Runtime:
                 backlog_after_s=settings.backlog_after_seconds,
             ),
             firer=ScheduleFirer(journal=journal, acceptor=acceptor),
+            paused=paused,
+            pauser=LinePauser(journal=journal, waiting=pusher.waiting, lines=lines, paused=paused),
         )
 
     def close(self) -> None:

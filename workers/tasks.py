@@ -18,6 +18,7 @@ from celery.exceptions import Reject
 from app.celery_app import pipeline_settings
 from app.clock import utcnow
 from app.delivery.outcomes import AttemptResult
+from app.delivery.paused import hold_back
 from app.delivery.push import TASK_NAME
 from app.errors import JournalUnavailable
 from app.lines import Line
@@ -72,6 +73,9 @@ def process(self: Task[Any, Any], record_ids: str | list[str]) -> str | list[str
     `batch_size`). Returns each record's new status, or None where there was nothing to run.
     Raises `AttemptFailed`, once every outcome is committed, when an attempt failed.
 
+    A message of a paused line starts no attempt: its records wait in the journal
+    (`app.delivery.paused.hold_back`) and it is acked.
+
     With the journal unreachable the message goes back on its queue after a pause, rather
     than being acked and left to the stuck threshold; the records of a batch already
     finished are skipped when it comes back."""
@@ -82,7 +86,13 @@ def process(self: Task[Any, Any], record_ids: str | list[str]) -> str | list[str
     rt = runtime_for(self)
     line = _queue_line(rt, self.request.delivery_info)
     try:
-        if len(ids) > 1 and line is not None and line.table_sink:
+        if line is not None and rt.paused.is_paused(line.name):
+            # No attempt starts: the records wait in the journal (`deferred`), and the
+            # message is acked; the sweeper pushes them after the resume.
+            held = hold_back(rt.journal, ids, now=utcnow())
+            log.info("records_held_line_paused", line=line.name, record_ids=ids[:10], held=held)
+            found = [AttemptResult(record_id=record_id) for record_id in ids]
+        elif len(ids) > 1 and line is not None and line.table_sink:
             found = rt.runner.attempt_batch(ids, clock=utcnow, rng=_rng)
         else:
             found = [

@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
+from app.delivery.paused import PausedLines
 from app.delivery.push import Pusher
 from app.errors import BrokerUnavailable, JournalUnavailable
 from app.journal import store
@@ -71,6 +72,8 @@ class Acceptor:
     # Told the name of a line whose new records were deferred behind older ones while its
     # queue had room: something should push the older ones now (the intake's drain).
     on_room_behind: Callable[[str], None] | None = None
+    # The paused lines: their new records wait in the journal, pushed after the resume.
+    paused: PausedLines | None = None
 
     def accept(
         self,
@@ -162,6 +165,8 @@ class Acceptor:
     ) -> list[Acceptance]:
         """Push `admitted` onto `line`'s queue; the overflow follows `policy`. Adds the ids
         pushed to `enqueued` under their epoch."""
+        if self.paused is not None and self.paused.is_paused(line.name):
+            return self._hold(admitted, clock)
         defers = policy is Overflow.DEFER
         try:
             pushed = self.pusher.push(
@@ -201,6 +206,13 @@ class Acceptor:
         # What was not recorded stays `received`: the sweeper will take it.
         status = decision.status if moved else RecordStatus.RECEIVED
         return outcomes + [Acceptance(record=r, status=status, created=True) for r in overflow]
+
+    def _hold(self, admitted: list[Record], clock: Callable[[], datetime]) -> list[Acceptance]:
+        """New records of a paused line, whatever its policy: `deferred` in the journal
+        (`received` if that move fails), pushed by the sweeper after the resume."""
+        moved = self._move_all(admitted, TransitionEvent.DEFERRED, clock)
+        status = RecordStatus.DEFERRED if moved else RecordStatus.RECEIVED
+        return [Acceptance(record=r, status=status, created=True) for r in admitted]
 
     def _alert_overflow(self, line: Line, count: int, *, depth: int, policy: Overflow) -> None:
         """`QUEUE_FULL` (and `CALLER_RUNS` under that policy) for each of `count` records

@@ -84,6 +84,15 @@ class Waiting:
         except redis.RedisError as exc:
             raise BrokerUnavailable(f"settling {queue!r} failed: {exc}") from exc
 
+    def keep_behind(self, queue: str) -> None:
+        """Keep new records of `queue` behind those waiting in the journal until a pass
+        finds none left (a resumed line: what waited while it was paused goes first).
+        Raises `BrokerUnavailable`."""
+        try:
+            self._client.set(BEHIND_KEY.format(queue=queue), uuid.uuid4().hex)
+        except redis.RedisError as exc:
+            raise BrokerUnavailable(f"keeping {queue!r} behind failed: {exc}") from exc
+
     def left_kept(self, queue: str, token: str | None) -> None:
         """The records a push left (its `PushResult.leaving`) are now where the journal
         keeps them (or stayed as they were). Never raises: the token expires anyway."""

@@ -44,4 +44,6 @@ def line_status_view(row: LineStatus) -> dict[str, object]:
         "live_workers": row.live_workers,
         "counts": row.counts,
         "oldest_unfinished_age_s": row.oldest_unfinished_age_s,
+        "paused": row.paused,
+        "pause": None if row.pause is None else row.pause.public(),
     }

@@ -211,6 +211,17 @@ record_attempts = Table(
 )
 
 
+# The lines paused by an operator: a row while the line is paused (`app.journal.pauses`).
+line_pauses = Table(
+    "line_pauses",
+    metadata,
+    Column("line", String(32), primary_key=True),
+    Column("paused_at", UtcDateTime, nullable=False),
+    Column("actor", String(160), nullable=False),
+    Column("reason", Text, nullable=True),
+)
+
+
 # Cron schedules; beat reads them every tick, so changes need no restart.
 schedules = Table(
     "schedules",

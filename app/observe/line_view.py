@@ -17,6 +17,7 @@ import redis
 from app.errors import BrokerUnavailable
 from app.journal import store
 from app.journal.journal import Journal
+from app.journal.pauses import LinePause
 from app.lines import LineRegistry
 from app.observe.liveness import live_workers
 from app.observe.recent import Recent
@@ -34,6 +35,12 @@ class QueueDepths(Protocol):
         ...
 
 
+class PausedView(Protocol):
+    """The paused lines as a process sees them (`app.delivery.paused.PausedLines`)."""
+
+    def current(self) -> dict[str, LinePause]: ...
+
+
 @dataclass(frozen=True, kw_only=True)
 class LineStatus:
     """One line's row of `pipeline status` and `/v1/lines`."""
@@ -45,6 +52,12 @@ class LineStatus:
     live_workers: int | None
     counts: dict[str, int]
     oldest_unfinished_age_s: float | None
+    # Paused by an operator: no attempt starts and nothing is pushed until it resumes.
+    pause: LinePause | None = None
+
+    @property
+    def paused(self) -> bool:
+        return self.pause is not None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -72,6 +85,8 @@ class LineView:
     queues: QueueDepths
     redis: redis.Redis
     lines: LineRegistry
+    # The paused lines (`app.delivery.paused.PausedLines`, read at most once a second).
+    paused: PausedView | None = None
     # Seconds, for the age of the journal's view (a clock the tests may move).
     clock: Callable[[], float] = time.monotonic
     journal_lifetime_s: float = JOURNAL_VIEW_LIFETIME_S
@@ -97,6 +112,10 @@ class LineView:
                 },
             )
 
+    def pauses(self) -> dict[str, LinePause]:
+        """The paused lines' pauses, by line."""
+        return {} if self.paused is None else self.paused.current()
+
     def queue_views(self) -> dict[str, QueueView]:
         """Queue depth and live workers per line. Raises `BrokerUnavailable`."""
         return {
@@ -112,6 +131,7 @@ class LineView:
 
         Raises `JournalUnavailable` when the journal does not answer."""
         journal = self.journal_view()
+        paused = self.pauses()
         try:
             queues: dict[str, QueueView] = self.queue_views()
         except BrokerUnavailable:
@@ -129,6 +149,7 @@ class LineView:
                     live_workers=queue.live_workers if queue else None,
                     counts=journal.counts.get(line.name, {}),
                     oldest_unfinished_age_s=(now - started).total_seconds() if started else None,
+                    pause=paused.get(line.name),
                 )
             )
         return rows

@@ -97,6 +97,18 @@ def _journal_families(lines: LineRegistry, journal: JournalView, *, now: datetim
     return [by_status, oldest]
 
 
+def _paused_family(view: LineView) -> Metric:
+    paused = GaugeMetricFamily(
+        "pipeline_line_paused",
+        "1 while an operator has the line paused (no attempt starts, nothing is pushed).",
+        labels=["line"],
+    )
+    found = view.pauses()
+    for line in view.lines:
+        paused.add_metric([line.name], 1 if line.name in found else 0)
+    return paused
+
+
 def families(view: LineView, *, now: datetime) -> list[Metric]:
     """Every metric family of one scrape."""
     lines = view.lines
@@ -122,7 +134,7 @@ def families(view: LineView, *, now: datetime) -> list[Metric]:
         journal_up.add_metric([], 0)
     else:
         journal_up.add_metric([], 1)
-        found += _journal_families(lines, journal, now=now)
+        found += [*_journal_families(lines, journal, now=now), _paused_family(view)]
     return [*found, redis_up, journal_up]
 
 

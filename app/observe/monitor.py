@@ -77,8 +77,12 @@ def check_line(row: LineStatus, *, backlog_after_s: float) -> list[Finding]:
     """The alerts `row` calls for: `NO_CONSUMER` when records wait and no worker of the line
     is alive (unknown liveness, `None`, raises nothing; a worker whose consumer is stalled
     is not alive, `app.observe.liveness`), `BACKLOG` when its oldest unfinished record is
-    older than `backlog_after_s`."""
-    found = []
+    older than `backlog_after_s`. A paused line raises neither: its records wait on
+    purpose (`pipeline_line_paused` and `/v1/lines` say so); both return after its resume
+    if they are still true."""
+    found: list[Finding] = []
+    if row.paused:
+        return found
     # Counted in the journal: a queue message may carry several records (`batch_size`).
     waiting = sum(row.counts.get(status.value, 0) for status in _WAITING)
     if waiting and row.live_workers == 0:

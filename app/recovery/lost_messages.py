@@ -9,7 +9,7 @@ between its claim and its push. Run by the active beat every
 `lost_after_seconds`) are compared with what the line's queue and kombu's unacked
 messages hold, read in one step; those whose message is in neither are claimed, if no
 attempt took them meanwhile, and pushed again. Redis is read only when some record has
-waited that long.
+waited that long. A paused line is passed over until its resume.
 
 A record whose message was being taken by a worker at the moment of the read (between
 kombu's fetch and its bookkeeping) may be pushed twice: its second message finds it in
@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
+from app.delivery.paused import PausedLines
 from app.delivery.push import Pusher
 from app.errors import BrokerUnavailable
 from app.journal import claims
@@ -48,6 +49,8 @@ class LostMessages:
     alerts: Alerter
     # A record whose message should be waiting, unchanged this long, is looked for.
     quiet_s: float
+    # A paused line's records are not pushed (the sweeper's after the resume).
+    paused: PausedLines | None = None
 
     def recover_lost(self, *, now: datetime) -> dict[str, int]:
         """Push again, per line, the records whose message Redis lost. Returns how many per
@@ -75,6 +78,8 @@ class LostMessages:
         return recovered
 
     def _recover_line(self, line: Line, *, epoch: str, now: datetime) -> int:
+        if self.paused is not None and self.paused.is_paused(line.name):
+            return 0
         quiet_s = self.quiet_s
         with self.journal.reading() as conn:
             suspects = claims.waiting_suspects(

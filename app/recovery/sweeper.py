@@ -7,13 +7,15 @@ due, `enqueued` ones that can no longer be on the queue (Redis lost its memory: 
 epoch; or unchanged past the stuck threshold), and those whose attempt's lease expired
 without an outcome. None in flight (a live lease) is pushed. Thresholds are on the
 database's clock. Then one pipelined push per batch; what was not
-pushed is put back as it was. Two sweepers at once never lose or double-claim a record."""
+pushed is put back as it was. Two sweepers at once never lose or double-claim a record.
+A paused line (`app.delivery.paused`) is passed over: what waits keeps its place."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from app.delivery.paused import PausedLines
 from app.delivery.push import Pusher
 from app.errors import BrokerUnavailable
 from app.journal import claims
@@ -53,6 +55,8 @@ class Sweeper:
     # A `received` record unchanged this long is pushed; an `enqueued` one is pushed again.
     received_grace_s: float
     stuck_after_s: float
+    # A paused line's records are not pushed: they wait in the journal for its resume.
+    paused: PausedLines | None = None
 
     def sweep(self, *, now: datetime) -> SweepResult:
         """One pass over the journal, at most `max_per_run` records.
@@ -104,6 +108,8 @@ class Sweeper:
         """One pass over `line`, oldest first, while its queue has room; no other pass over
         the line runs meanwhile (two would push its records out of order). A pass that finds
         nothing of the line left to push lets its new records be pushed directly again."""
+        if self.paused is not None and self.paused.is_paused(line.name):
+            return  # what waits keeps its place: newer records stay behind it
         waiting = self.pusher.waiting
         with waiting.one_pass(line.queue) as ours:
             if not ours:

@@ -1,0 +1,49 @@
+"""`pipeline pause LINE` / `pipeline resume LINE`: an operator stops a line's attempts and
+pushes, and lets them go on again (audited as `cli:<user>`)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from app.cli_schedules import settings_for_command
+
+LineArgument = Annotated[str, typer.Argument(help="The business line.")]
+ReasonOption = Annotated[str | None, typer.Option(help="Why, for the audit log.")]
+
+
+def pause(line: LineArgument, reason: ReasonOption = None) -> None:
+    """Pause a line: its new records are journaled (deferred), no worker starts an attempt
+    of them and the sweeper pushes nothing of it, within 2 s, until it is resumed."""
+    _act("pause", line, reason)
+
+
+def resume(line: LineArgument, reason: ReasonOption = None) -> None:
+    """Resume a paused line: what waited is pushed first, oldest first."""
+    _act("resume", line, reason)
+
+
+def _act(action: str, line: str, reason: str | None) -> None:
+    from app.clock import utcnow  # noqa: PLC0415
+    from app.journal.audit import cli_actor  # noqa: PLC0415
+    from app.runtime import Runtime  # noqa: PLC0415
+
+    rt = Runtime.build(settings_for_command())
+    try:
+        act = rt.pauser.pause if action == "pause" else rt.pauser.resume
+        state = act(line, actor=cli_actor(), reason=reason, now=utcnow())
+    finally:
+        rt.close()
+    if state.pause is None:
+        print(f"{state.line}: running" + ("" if state.changed else " (it was not paused)"))
+        return
+    since = state.pause.paused_at.isoformat()
+    again = "" if state.changed else " (already)"
+    print(f"{state.line}: paused{again} since {since} by {state.pause.actor}")
+
+
+def add_line_commands(cli: typer.Typer) -> None:
+    """Register `pause` and `resume` on the `pipeline` command."""
+    cli.command("pause")(pause)
+    cli.command("resume")(resume)
