@@ -36,16 +36,18 @@ def test_two_failed_attempts_show_as_failed_tasks_with_their_errors_then_a_succe
     _fast_retries(harness, "order", "fail_twice")
     harness.start_worker("order")
     celery = create_celery(harness.settings())
-    with TaskEvents(celery) as events:
-        client = harness.start_intake()
-        harness.start_beat()  # its sweeper pushes each retry when it is due
-        response = client.post("/v1/order", json={"business_no": "FLAKY-1"})
-        record_id = response.json()["id"]
-        events.wait_for(
-            lambda _: bool(events.of_task(record_id, "task-succeeded")),
-            what="the record's task to succeed",
-        )
-    celery.close()
+    try:
+        with TaskEvents(celery) as events:
+            client = harness.start_intake()
+            harness.start_beat()  # its sweeper pushes each retry when it is due
+            response = client.post("/v1/order", json={"business_no": "FLAKY-1"})
+            record_id = response.json()["id"]
+            events.wait_for(
+                lambda _: bool(events.of_task(record_id, "task-succeeded")),
+                what="the record's task to succeed",
+            )
+    finally:
+        celery.close()
 
     ended = events.of_task(record_id, *ENDED)
     assert [e["type"] for e in ended] == ["task-failed", "task-failed", "task-succeeded"]
@@ -106,33 +108,35 @@ def test_a_failed_task_is_acked_and_retried_by_the_journal_and_a_dead_record_fai
     worker = harness.start_worker("refund")
     rt = harness.runtime()
     celery = create_celery(harness.settings())
-    with TaskEvents(celery) as events:
-        client = harness.start_intake()
-        record_id = client.post("/v1/refund", json={"business_no": "BAD-1"}).json()["id"]
-        events.wait_for(
-            lambda _: bool(events.of_task(record_id, "task-failed")), what="a failed task"
-        )
-        # The outcome was committed before the task failed: `failed`, its retry due later,
-        # and the message acked: neither on the queue nor held by the worker.
-        [record] = harness.records()
-        assert (record.status, record.attempts) == (RecordStatus.FAILED, 1)
-        assert record.next_attempt_at is not None
-        wait_for(
-            lambda: rt.redis.llen("refund") == 0 and rt.redis.hlen("unacked") == 0,
-            timeout_s=10,
-            what="the failed task's message to be acked",
-        )
-        # The retry is the journal's: the sweeper pushes it once due (no beat runs here).
-        wait_for(
-            lambda: rt.sweeper.sweep(now=utcnow()).enqueued.get("refund", 0) == 1,
-            timeout_s=10,
-            what="the sweeper to push the due retry",
-        )
-        events.wait_for(
-            lambda _: len(events.of_task(record_id, "task-failed")) == 2,
-            what="the second attempt's task to fail",
-        )
-    celery.close()
+    try:
+        with TaskEvents(celery) as events:
+            client = harness.start_intake()
+            record_id = client.post("/v1/refund", json={"business_no": "BAD-1"}).json()["id"]
+            events.wait_for(
+                lambda _: bool(events.of_task(record_id, "task-failed")), what="a failed task"
+            )
+            # The outcome was committed before the task failed: `failed`, its retry due later,
+            # and the message acked: neither on the queue nor held by the worker.
+            [record] = harness.records()
+            assert (record.status, record.attempts) == (RecordStatus.FAILED, 1)
+            assert record.next_attempt_at is not None
+            wait_for(
+                lambda: rt.redis.llen("refund") == 0 and rt.redis.hlen("unacked") == 0,
+                timeout_s=10,
+                what="the failed task's message to be acked",
+            )
+            # The retry is the journal's: the sweeper pushes it once due (no beat runs here).
+            wait_for(
+                lambda: rt.sweeper.sweep(now=utcnow()).enqueued.get("refund", 0) == 1,
+                timeout_s=10,
+                what="the sweeper to push the due retry",
+            )
+            events.wait_for(
+                lambda _: len(events.of_task(record_id, "task-failed")) == 2,
+                what="the second attempt's task to fail",
+            )
+    finally:
+        celery.close()
 
     assert [e["type"] for e in events.of_task(record_id, "task-received", *ENDED)] == [
         "task-received",
