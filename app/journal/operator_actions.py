@@ -101,8 +101,8 @@ def cancel(
 def claim_retry(conn: Connection, record_ids: Sequence[str], *, now: datetime) -> list[Record]:
     """`failed | dead | rejected → enqueued` for the records of `record_ids` with no live
     lease, with no epoch until pushed (`claims.set_epoch`), their retry due now and no
-    longer finished. Their count of attempts goes on: a retried dead record gets one more
-    attempt (a replay gives a fresh set). Returns those claimed: only those may be pushed."""
+    longer finished, and a fresh set of attempts, as a replay gives (their count starts
+    again; a dead record's is spent). Returns those claimed: only those may be pushed."""
     if not record_ids:
         return []
     rows = conn.execute(
@@ -114,6 +114,7 @@ def claim_retry(conn: Connection, record_ids: Sequence[str], *, now: datetime) -
         .values(
             status=RecordStatus.ENQUEUED.value,
             queue_epoch=None,
+            attempts=0,
             next_attempt_at=None,
             finished_at=None,
             lease_owner=None,

@@ -208,7 +208,8 @@ class RecordActions:
                 counts.skipped_unknown_line += 1
         for name, ids in by_line.items():
             with self.journal.transaction("retry") as conn:
-                claimed = [r.id for r in operator_actions.claim_retry(conn, ids, now=now)]
+                ours = {r.id for r in operator_actions.claim_retry(conn, ids, now=now)}
+            claimed = [rid for rid in ids if rid in ours]  # oldest first, as the page goes
             counts.acted += len(claimed)
             counts.skipped_in_flight += len(ids) - len(claimed)
             enqueued, deferred = self._push(self.lines.get(name), claimed, now=now)
