@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.table import Table
+from rich.table import Column, Table
 from rich.text import Text
 
 from app.cli_schedules import settings_for_command
@@ -25,7 +25,7 @@ records_cli = typer.Typer(
 )
 
 # How much of a record's last error a table row shows.
-ERROR_COLUMN_CHARS = 60
+ERROR_COLUMN_CHARS = 40
 _STYLE = {
     RecordStatus.DEAD: "bold red",
     RecordStatus.FAILED: "yellow",
@@ -86,7 +86,16 @@ def _filter(options: Mapping[str, Any]) -> RecordFilter:
 def _records_table(items: list[Record]) -> Table:
     """A table of records. Cells are plain `Text`: a business number or an error that looks
     like rich markup (`[red]`) is shown as it is."""
-    table = Table("id", "line", "business no", "status", "attempts", "last error", "created")
+    table = Table(
+        # Whole, however narrow the terminal: an id is copied into the next command.
+        Column("id", no_wrap=True, min_width=26),
+        "line",
+        "business no",
+        "status",
+        "attempts",
+        "last error",
+        "created",
+    )
     for r in items:
         error = (r.last_error or "-").replace("\n", " ")
         if len(error) > ERROR_COLUMN_CHARS:
@@ -98,7 +107,7 @@ def _records_table(items: list[Record]) -> Table:
             Text(r.status.value, style=_STYLE.get(r.status, "")),
             Text(str(r.attempts)),
             Text(error),
-            Text(r.created_at.isoformat(timespec="seconds")),
+            Text(r.created_at.strftime("%Y-%m-%dT%H:%M:%SZ")),
         )
     return table
 
