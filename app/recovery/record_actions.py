@@ -171,7 +171,8 @@ class RecordActions:
                 break
             cursor = page[-1].id
             if cancel:
-                self._cancel_page(page, counts, epoch=epoch, now=clock())
+                # Read again for each page: a Redis restarted meanwhile has another.
+                self._cancel_page(page, counts, epoch=self._epoch(), now=clock())
             else:
                 self._retry_page(page, counts, now=clock())
             if on_page:

@@ -14,6 +14,7 @@ from app.clock import utcnow
 from app.journal import attempts, audit, store
 from app.journal.models import RecordStatus, orders, records
 from app.recovery import record_actions
+from app.recovery.replay import ReplayFilter
 from tests.support.journal import journal_records
 from tests.support.messages import queued_ids
 from tests.support.processes import wait_for
@@ -207,3 +208,21 @@ def test_a_bulk_action_needs_a_filter(harness):
     answer = client.post("/v1/records/retry", json={"dry_run": True})
     assert (answer.status_code, answer.json()["error"]["code"]) == (422, "invalid_filter")
     assert client.post("/v1/records/cancel", json={"line": "order"}).status_code == 422  # reason
+
+
+def test_a_cancelled_record_is_swept_never_and_replayed_only_when_its_status_is_named(harness):
+    rt = harness.runtime()
+    (rid,) = journal_records(rt, [{"business_no": "N-1"}], line="order", status=RecordStatus.FAILED)
+    client = harness.start_intake()
+    assert client.post(f"/v1/records/{rid}/cancel", json={"reason": "r"}).status_code == 200
+    # Due by every threshold the sweeper has, were it still failed.
+    set_columns(rt, [rid], next_attempt_at=utcnow() - timedelta(hours=1))
+
+    rt.sweeper.sweep(now=utcnow() + timedelta(days=1))
+    default = rt.replayer.replay(ReplayFilter(line="order"), dry_run=False, actor="t", clock=utcnow)
+
+    assert (default.matched, queued_ids(rt.redis, "order")) == (0, [])
+    assert [r.status for r in harness.records()] == [RecordStatus.CANCELLED]
+    named = ReplayFilter(line="order", statuses=[RecordStatus.CANCELLED])
+    counts = rt.replayer.replay(named, dry_run=False, actor="t", clock=utcnow)
+    assert (counts.matched, counts.enqueued, queued_ids(rt.redis, "order")) == (1, 1, [rid])
