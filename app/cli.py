@@ -2,26 +2,28 @@
 
 from __future__ import annotations
 
-import getpass
 import json
 import os
 import sys
 from datetime import datetime
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
 from sqlalchemy.exc import SQLAlchemyError
 
+from app.cli_audit import audit
 from app.cli_records import records_cli
 from app.cli_schedules import schedules_cli, settings_for_command
 from app.clock import as_utc
-from app.errors import ConfigError, PipelineError
+from app.errors import AdminNotConfigured, ConfigError, PipelineError
 from app.journal.models import RecordStatus
-from app.logs import configure_logging
+from app.logs import configure_logging, get_logger
 from app.settings import Settings
+
+log = get_logger(__name__)
 
 cli = typer.Typer(
     help="A durable task pipeline: journaled intake, bounded per-line queues, Celery workers.",
@@ -33,10 +35,19 @@ db_cli = typer.Typer(help="The journal's schema.", no_args_is_help=True)
 cli.add_typer(db_cli, name="db")
 cli.add_typer(schedules_cli, name="schedules")
 cli.add_typer(records_cli, name="records")
+cli.command()(audit)
 
 
 def _settings() -> Settings:
     return settings_for_command()
+
+
+def admin_closed_notice(settings: Settings) -> str | None:
+    """What the intake says at start when its admin endpoints are closed (no admin token,
+    and not dev mode, which opens them): how to open them. None when they are open."""
+    if settings.admin_actors or settings.in_dev_mode:
+        return None
+    return AdminNotConfigured().message
 
 
 @cli.command()
@@ -61,6 +72,9 @@ def up(
         )
     LineRegistry.from_settings(settings)  # a bad line setting stops us before any child starts
     check_bind_host(settings, settings.intake_host)
+    notice = admin_closed_notice(settings)
+    if notice is not None:
+        print(f"admin     {notice}")
     raise typer.Exit(run_stack(settings, workdir=workdir.resolve()))
 
 
@@ -83,6 +97,9 @@ def intake(
     check_bind_host(settings, bind)
     refuse_unsafe_journal(settings.database_url)
     app = create_app(settings)  # refuses no keys without dev mode; says so in dev mode
+    notice = admin_closed_notice(settings)
+    if notice is not None:
+        log.warning("admin_endpoints_closed", message=notice)
     tune_gc()
     bind_port = port if port is not None else settings.intake_port
     # The same server options for one process and for several: the header limits are in
@@ -109,7 +126,9 @@ def worker(
     concurrency: Annotated[int | None, typer.Option(help="Overrides the line's setting.")] = None,
     pool: Annotated[str, typer.Option(help="Celery pool: prefork, solo or threads.")] = "prefork",
 ) -> None:
-    """Run the Celery worker of one line."""
+    """Run the Celery worker of one line; exits with the worker's exit code."""
+    from celery.signals import worker_init  # noqa: PLC0415
+
     from app.celery_app import create_celery  # noqa: PLC0415
     from app.journal.engine import refuse_unsafe_journal  # noqa: PLC0415
     from app.lines import LineRegistry  # noqa: PLC0415
@@ -118,6 +137,10 @@ def worker(
     spec = LineRegistry.from_settings(settings).get(line)
     refuse_unsafe_journal(settings.database_url)
     celery = create_celery(settings)
+    # Celery's `worker_main` returns nothing: its exit code is the worker's to read, and a
+    # supervisor reads ours.
+    workers: list[Any] = []
+    worker_init.connect(lambda sender, **_kwargs: workers.append(sender), weak=False)
     celery.worker_main(
         [
             "worker",
@@ -135,6 +158,7 @@ def worker(
             "--without-gossip",
         ]
     )
+    raise typer.Exit(next((w.exitcode for w in workers if w.exitcode), 0))
 
 
 @cli.command()
@@ -199,12 +223,23 @@ def bench(
     no_wrk: Annotated[
         bool, typer.Option("--no-wrk", help="The built-in load generator even if wrk is here.")
     ] = False,
+    scenario: Annotated[
+        list[str] | None,
+        typer.Option(help="Run only this scenario (repeat for several); default: all."),
+    ] = None,
 ) -> None:
     """Measure the pipeline beside its references, in one run."""
     import tempfile  # noqa: PLC0415
 
     from app.bench.report import print_table  # noqa: PLC0415
-    from app.bench.run import run_bench  # noqa: PLC0415
+    from app.bench.run import SCENARIOS, run_bench  # noqa: PLC0415
+
+    unknown = sorted(set(scenario or ()) - set(SCENARIOS))
+    if unknown:
+        raise typer.BadParameter(
+            f"no such scenario: {', '.join(unknown)} (scenarios: {', '.join(SCENARIOS)})",
+            param_hint="--scenario",
+        )
 
     configure_logging(json=False, level="ERROR")  # the figures own stdout
     console = Console(stderr=True)
@@ -216,6 +251,7 @@ def bench(
             workdir=Path(workdir),
             progress=lambda message: console.print(f"[dim]bench[/dim] {message}"),
             plain_load=no_wrk,
+            scenarios=tuple(scenario) if scenario else SCENARIOS,
         )
     if save is not None:
         save.write_text(json.dumps(figures, indent=2) + "\n")
@@ -274,11 +310,13 @@ def replay(
         ),
     ] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Count, change nothing.")] = False,
+    reason: Annotated[str | None, typer.Option(help="Why, for the audit log.")] = None,
 ) -> None:
     """Put records that did not finish back on their queues, skipping what downstream has."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn  # noqa: PLC0415
 
     from app.clock import utcnow  # noqa: PLC0415
+    from app.journal import audit  # noqa: PLC0415
     from app.recovery.replay import DEFAULT_STATUSES, ReplayFilter  # noqa: PLC0415
     from app.runtime import Runtime  # noqa: PLC0415
 
@@ -300,7 +338,8 @@ def replay(
             counts = rt.replayer.replay(
                 where,
                 dry_run=dry_run,
-                actor=f"cli:{getpass.getuser()}",
+                actor=audit.cli_actor(),
+                reason=reason,
                 clock=utcnow,
                 on_page=lambda n: progress.advance(task, n),
             )

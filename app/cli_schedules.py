@@ -1,4 +1,5 @@
-"""`pipeline schedules …`: cron schedules in the database, fired by beat."""
+"""`pipeline schedules …`: cron schedules in the database, fired by beat. Each change is
+audited as `cli:<user>`, in the transaction that makes it."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from app.journal.audit import Action
 from app.logs import configure_logging
 from app.settings import Settings, load_settings
 
@@ -22,6 +24,12 @@ def settings_for_command() -> Settings:
 
 
 _settings = settings_for_command
+# What each change did, as its audit row's result and the line printed.
+_DONE = {
+    Action.SCHEDULE_REMOVE: "removed",
+    Action.SCHEDULE_ENABLE: "enabled",
+    Action.SCHEDULE_DISABLE: "disabled",
+}
 
 
 @schedules_cli.command("list")
@@ -66,6 +74,7 @@ def schedules_add(
 ) -> None:
     """Add (or, with --replace, change) a schedule. Beat picks it up within seconds."""
     from app.clock import utcnow  # noqa: PLC0415
+    from app.journal import audit  # noqa: PLC0415
     from app.journal.engine import make_engine  # noqa: PLC0415
     from app.lines import LineRegistry  # noqa: PLC0415
     from app.schedules import store as schedules  # noqa: PLC0415
@@ -85,7 +94,8 @@ def schedules_add(
     engine = make_engine(settings.database_url)
     try:
         with engine.begin() as conn:
-            schedules.add(
+            now = utcnow()
+            changed = schedules.add(
                 conn,
                 name=name,
                 cron=cron_expr,
@@ -94,44 +104,75 @@ def schedules_add(
                 payload=body,
                 misfire=policy,
                 catchup_window_s=catchup_window,
-                now=utcnow(),
+                now=now,
                 replace=replace,
+            )
+            audit.write(
+                conn,
+                actor=audit.cli_actor(),
+                action=Action.SCHEDULE_ADD,
+                target=f"schedule:{name}",
+                params={
+                    "cron": cron_expr,
+                    "timezone": timezone,
+                    "line": line,
+                    "payload": body,
+                    "misfire": policy.value,
+                    "catchup_window_s": catchup_window,
+                    "replace": replace,
+                },
+                result={"changed" if changed else "added": 1},
+                reason=None,
+                now=now,
             )
     finally:
         engine.dispose()
-    print(f"schedule {name!r} {'changed' if replace else 'added'}: {cron_expr} ({timezone})")
+    print(f"schedule {name!r} {'changed' if changed else 'added'}: {cron_expr} ({timezone})")
 
 
-def _schedule_change(name: str, action: str) -> None:
+def _schedule_change(name: str, action: Action) -> None:
     from app.clock import utcnow  # noqa: PLC0415
+    from app.journal import audit  # noqa: PLC0415
     from app.journal.engine import make_engine  # noqa: PLC0415
     from app.schedules import store as schedules  # noqa: PLC0415
 
     engine = make_engine(_settings().database_url)
     try:
         with engine.begin() as conn:
-            if action == "remove":
+            now = utcnow()
+            if action is Action.SCHEDULE_REMOVE:
                 schedules.remove(conn, name)
             else:
-                schedules.set_enabled(conn, name, enabled=action == "enable", now=utcnow())
+                enabled = action is Action.SCHEDULE_ENABLE
+                schedules.set_enabled(conn, name, enabled=enabled, now=now)
+            audit.write(
+                conn,
+                actor=audit.cli_actor(),
+                action=action,
+                target=f"schedule:{name}",
+                params={},
+                result={_DONE[action]: 1},
+                reason=None,
+                now=now,
+            )
     finally:
         engine.dispose()
-    print(f"schedule {name!r}: {action}d")
+    print(f"schedule {name!r}: {_DONE[action]}")
 
 
 @schedules_cli.command("remove")
 def schedules_remove(name: str) -> None:
     """Delete a schedule."""
-    _schedule_change(name, "remove")
+    _schedule_change(name, Action.SCHEDULE_REMOVE)
 
 
 @schedules_cli.command("enable")
 def schedules_enable(name: str) -> None:
     """Enable a schedule (it fires from now on; no catch-up of the disabled time)."""
-    _schedule_change(name, "enable")
+    _schedule_change(name, Action.SCHEDULE_ENABLE)
 
 
 @schedules_cli.command("disable")
 def schedules_disable(name: str) -> None:
     """Disable a schedule."""
-    _schedule_change(name, "disable")
+    _schedule_change(name, Action.SCHEDULE_DISABLE)

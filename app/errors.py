@@ -24,6 +24,7 @@
     │   ├── Unauthenticated      who sent it is not known
     │   │   ├── BadSignature     the request's signature is missing or invalid
     │   │   └── AdminRequired    an admin endpoint was called without a token
+    │   │       └── AdminNotConfigured  none is configured: the admin endpoints are closed
     │   ├── Forbidden            the caller may not do this
     │   │   ├── AdminForbidden   an admin endpoint was called with a wrong token
     │   │   └── NotLoopback      dev mode, and the client is not on this machine
@@ -56,7 +57,8 @@ class PipelineError(Exception):
     message_is_public = False
 
     def __init__(self, message: str | None = None, **details: object) -> None:
-        super().__init__(message or (self.__doc__ or "").strip())
+        # A docstring that runs over lines is one line of message.
+        super().__init__(message or " ".join((self.__doc__ or "").split()))
         self.details = details
 
     @property
@@ -222,9 +224,17 @@ class NonceReused(Conflict):
 
 
 class AdminRequired(Unauthenticated):
-    """An admin token is required."""
+    """A bearer token is required: Authorization: Bearer <admin token>."""
 
     code = "admin_required"
+
+
+class AdminNotConfigured(AdminRequired):
+    """No admin token is configured, so the admin endpoints are closed: set
+    PIPELINE_ADMIN_TOKEN, or named tokens in PIPELINE_ADMIN_TOKENS (a JSON object of name
+    to token), and restart the intake."""
+
+    code = "admin_not_configured"
 
 
 class AdminForbidden(Forbidden):

@@ -24,3 +24,9 @@ def new_id(now: datetime) -> str:
 def digest(content: bytes) -> str:
     """The hex SHA-256 of `content`: what tells a request sent again from another one."""
     return hashlib.sha256(content).hexdigest()
+
+
+def is_id(text: str) -> bool:
+    """Whether `text` could be an id `new_id` made: 26 characters of its alphabet, the
+    first no more than 7 (a ULID's 128 bits). A cursor of a page is one."""
+    return len(text) == 26 and text[0] <= "7" and all(c in _ALPHABET for c in text)

@@ -9,8 +9,10 @@ loop is the one place the consumer is changed."""
 
 from __future__ import annotations
 
+import signal
 import threading
-from collections import Counter
+from collections import Counter, deque
+from types import FrameType
 from typing import Any
 
 from celery import bootsteps
@@ -21,6 +23,10 @@ from app.logs import get_logger
 from app.observe.stall import ConsumerSample
 
 log = get_logger(__name__)
+
+# Celery's shutdown signals: SIGTERM its warm shutdown, SIGQUIT its cold one (after the soft
+# shutdown), SIGINT either (`celery.apps.worker`).
+SHUTDOWN_SIGNALS = (signal.SIGTERM, signal.SIGQUIT, signal.SIGINT)
 
 _lock = threading.Lock()
 _taken: Counter[str | None] = Counter()
@@ -57,6 +63,39 @@ class ConsumerProbe:
         # them is stuck itself, which a restart of the consumer cannot cure.
         self.restarts_asked = 0
         self.restarts_run = 0
+        # When each restart not yet known to have run was asked (monotonic, oldest first).
+        self._asked_at_s: deque[float] = deque()
+        # Set by the first shutdown signal (`note_shutdown_signals`).
+        self.stop_asked = threading.Event()
+
+    def note_shutdown_signals(self) -> None:
+        """Set `stop_asked` at each shutdown signal, before Celery's handler runs. Call it
+        in the main thread, once Celery has installed its handlers (at `worker_ready`).
+        Celery replaces some of its handlers while it stops: by then the flag is set."""
+        for signum in SHUTDOWN_SIGNALS:
+            handler = signal.getsignal(signum)
+            if callable(handler):
+                signal.signal(signum, self._noting(handler))
+
+    def _noting(self, handler: Any) -> Any:
+        def note(signum: int, frame: FrameType | None) -> Any:
+            self.stop_asked.set()
+            return handler(signum, frame)
+
+        return note
+
+    def stopping(self) -> bool:
+        """Whether the worker is shutting down: a shutdown signal came, Celery was told to
+        stop, or its consumer no longer runs."""
+        # Celery's own test of its flags: a warm shutdown's flag is its exit code, often 0.
+        flags = (state.should_stop, state.should_terminate)
+        # RUN is missing from celery-types' stub of bootsteps; it is in Celery since 3.x.
+        run = bootsteps.RUN  # type: ignore[attr-defined]
+        return (
+            self.stop_asked.is_set()
+            or any(flag is not None and flag is not False for flag in flags)
+            or self.consumer.blueprint.state != run
+        )
 
     @property
     def restarts_pending(self) -> int:
@@ -78,10 +117,14 @@ class ConsumerProbe:
         return len(state.reserved_requests)
 
     def slots(self) -> int:
-        """How many messages the consumer may hold at once (its prefetch count)."""
+        """How many messages the consumer may hold at once: its prefetch count, and no more
+        than its pool runs at once (a solo pool runs one, on the event loop, whatever the
+        prefetch count its concurrency set)."""
         qos = self.consumer.qos
         value = int(qos.value) if qos is not None else 0
-        return value or int(self.consumer.controller.concurrency or 1)
+        prefetch = value or int(self.consumer.controller.concurrency or 1)
+        limit = getattr(self.consumer.pool, "limit", None)
+        return min(prefetch, int(limit)) if limit else prefetch
 
     def sample(self, queue: str, *, queue_depth: int | None) -> ConsumerSample:
         return ConsumerSample(
@@ -90,14 +133,29 @@ class ConsumerProbe:
             held=self.held(),
             slots=self.slots(),
             queue_depth=queue_depth,
+            stopping=self.stopping(),
         )
 
-    def restart(self, queue: str, *, consuming: bool) -> None:
+    def exit_with(self, code: int) -> None:
+        """Make the worker exit with `code` when Celery's shutdown ends it (Celery exits
+        with the code its worker holds, which a cold shutdown leaves as it is)."""
+        self.consumer.controller.exitcode = code
+
+    def restart_waiting_since_s(self) -> float | None:
+        """When the oldest restart that the event loop has not run was handed to it
+        (monotonic); None when none waits. The loop runs all it was handed at once."""
+        while len(self._asked_at_s) > self.restarts_pending:
+            self._asked_at_s.popleft()
+        return self._asked_at_s[0] if self._asked_at_s else None
+
+    def restart(self, queue: str, *, consuming: bool, now_s: float) -> None:
         """Hand the consumer's event loop a restart of its consumption of `queue`: a
         cancelled consumer subscribes to the queue again (what `celery control add_consumer`
         does); one that is subscribed but takes nothing reconnects, as Celery does when it
         loses its connection (the messages it holds go back to their queue, and the lease
-        of each record keeps a second attempt from starting while the first runs)."""
+        of each record keeps a second attempt from starting while the first runs). `now_s`
+        is when (monotonic); restarts are asked from one thread, the heartbeat's."""
+        self._asked_at_s.append(now_s)
         self.restarts_asked += 1
         if consuming:
             self.consumer.call_soon(self._reconnect, queue)
@@ -106,13 +164,14 @@ class ConsumerProbe:
 
     def _resubscribe(self, queue: str) -> None:
         self.restarts_run += 1
+        if self.stopping():
+            return  # shutting down: the loop runs what is left of its callbacks
         self.consumer.add_task_queue(queue)
         log.warning("consumer_restarted", queue=queue, how="resubscribed")
 
     def _reconnect(self, queue: str) -> None:
         self.restarts_run += 1
-        # RUN is missing from celery-types' stub of bootsteps; it is in Celery since 3.x.
-        if self.consumer.blueprint.state != bootsteps.RUN:  # type: ignore[attr-defined]
+        if self.stopping():
             return  # shutting down: the loop runs what is left of its callbacks
         log.warning("consumer_restarted", queue=queue, how="reconnected")
         raise RestartConnection(f"the consumer of {queue!r} took nothing: reconnecting")

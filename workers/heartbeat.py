@@ -6,11 +6,23 @@ while its consumer takes nothing (cancelled, or stalled on a connection). So eac
 checks the consumer (`app.observe.stall`): one with a free slot that has taken nothing
 from its line's waiting queue for `worker_stall_after_seconds` is stalled. Its heartbeat
 then says so (it counts as not live), it raises `WORKER_STALLED`, and it restarts its
-consumer in-process, once per `worker_stall_after_seconds` until it takes something."""
+consumer in-process, once per `worker_stall_after_seconds` until it takes something. A
+worker that is shutting down is never stalled, and is not restarted.
+
+The restarts run on the consumer's event loop. When the loop has run none of them for
+another `worker_stall_after_seconds` and the consumer is stalled still, the loop itself is
+stuck: the worker logs `worker_stuck_exiting`, raises `WORKER_STALLED` saying so, and ends
+its process for its supervisor to start a new one. It sends itself SIGQUIT first (Celery's
+soft shutdown, then its cold one, re-queue what it holds), and exits with
+`STUCK_EXIT_CODE` if it still lives after `exit_after_s` (what it took and did not finish
+then comes back after the visibility timeout; each record's lease keeps a second attempt
+from starting while the first may still run)."""
 
 from __future__ import annotations
 
 import os
+import signal
+import sys
 import threading
 import time
 from typing import Any
@@ -30,11 +42,18 @@ from workers.consumer_watch import ConsumerProbe
 
 log = get_logger(__name__)
 
+# EX_SOFTWARE of sysexits.h: not 0, so that a supervisor restarts it, and not Celery's 1.
+STUCK_EXIT_CODE = 70
+# SIGQUIT, not SIGTERM: Celery's warm shutdown (SIGTERM) waits for every running task, its
+# cold one (SIGQUIT) waits `worker_soft_shutdown_seconds` and re-queues the rest, as the
+# compose file stops workers.
+STUCK_EXIT_SIGNAL = signal.SIGQUIT
+
 
 class Heartbeat:
     """Publishes this worker's heartbeats, and watches its consumer, until stopped."""
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 - keyword-only: the worker, its clients and three timings
         self,
         *,
         client: redis.Redis,
@@ -42,6 +61,7 @@ class Heartbeat:
         lines: list[str],
         ttl_s: float,
         stall_after_s: float,
+        exit_after_s: float,
         probe: ConsumerProbe,
         alerts: Alerter,
     ) -> None:
@@ -50,6 +70,7 @@ class Heartbeat:
         self.lines = lines
         self.ttl_s = ttl_s
         self.stall_after_s = stall_after_s
+        self.exit_after_s = exit_after_s
         self.probe = probe
         self.alerts = alerts
         self.watches: dict[str, StallWatch] = {}
@@ -63,6 +84,8 @@ class Heartbeat:
             return None  # unknown: no verdict on the consumer this time
 
     def _beat(self) -> None:
+        waiting_since_s = self.probe.restart_waiting_since_s()
+        stuck: list[str] = []
         for line in self.lines:
             now_s = time.monotonic()
             # A line's queue is named after it (`app.celery_app`).
@@ -84,10 +107,18 @@ class Heartbeat:
                     starved_s=round(seen.starved_s(now_s=now_s), 1),
                 ),
             )
-            if seen.restart_due(now_s=now_s, stall_after_s=self.stall_after_s):
+            if seen.exit_due(
+                now_s=now_s,
+                stall_after_s=self.stall_after_s,
+                restart_waiting_since_s=waiting_since_s,
+            ):
+                stuck.append(line)  # another restart would wait like the others
+            elif seen.restart_due(now_s=now_s, stall_after_s=self.stall_after_s):
                 self._restart(line, sample, seen, now_s=now_s)
                 seen = seen.restarted(now_s=now_s)
             self.watches[line] = seen
+        if stuck and waiting_since_s is not None:
+            self._exit(stuck, waited_s=time.monotonic() - waiting_since_s)
 
     def _restart(
         self, line: str, sample: ConsumerSample, seen: StallWatch, *, now_s: float
@@ -113,7 +144,45 @@ class Heartbeat:
             restart=seen.restarts + 1,
             restarts_pending=pending,
         )
-        self.probe.restart(line, consuming=sample.consuming)
+        self.probe.restart(line, consuming=sample.consuming, now_s=now_s)
+
+    def _exit(self, lines: list[str], *, waited_s: float) -> None:
+        """End this process: its consumer's event loop is stuck (see the module)."""
+        self.stopped.set()  # this beat is the last
+        pending = self.probe.restarts_pending
+        log.error(
+            "worker_stuck_exiting",
+            hostname=self.hostname,
+            lines=lines,
+            restarts_pending=pending,
+            waited_s=round(waited_s, 1),
+            exit_after_s=self.exit_after_s,
+        )
+        for line in lines:
+            self.alerts.raise_event(
+                Event.WORKER_STALLED,
+                line=line,
+                message=f"worker {self.hostname} takes nothing from {line!r} and its event "
+                f"loop has run none of {pending} restart(s) of its consumer for "
+                f"{waited_s:.0f} s: it is stuck, so the worker exits for its supervisor to "
+                f"start a new one",
+                hostname=self.hostname,
+                restarts_pending=pending,
+                exiting=True,
+            )
+        # Sent before the process goes, even when the throttle folded it into a window.
+        self.alerts.close()
+        exit_timer = threading.Timer(self.exit_after_s, self._exit_now)
+        exit_timer.daemon = True  # a shutdown that ends first ends the process with it
+        exit_timer.start()
+        self.probe.exit_with(STUCK_EXIT_CODE)
+        os.kill(os.getpid(), STUCK_EXIT_SIGNAL)
+
+    def _exit_now(self) -> None:
+        log.error("worker_stuck_exited", hostname=self.hostname, exit_code=STUCK_EXIT_CODE)
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()  # os._exit flushes nothing
+        os._exit(STUCK_EXIT_CODE)
 
     def _run(self) -> None:
         while not self.stopped.is_set():
@@ -147,13 +216,17 @@ def _start(sender: Any, **_kwargs: Any) -> None:
     client = make_redis(settings.redis_url, redis_options(settings))
     telemetry = Telemetry(client)
     alerts = Alerter(settings, clock=utcnow, telemetry=telemetry)
+    probe = ConsumerProbe(sender)
+    probe.note_shutdown_signals()
     heartbeat = Heartbeat(
         client=client,
         hostname=sender.hostname,
         lines=lines,
         ttl_s=settings.worker_heartbeat_ttl_seconds,
         stall_after_s=settings.worker_stall_after_seconds,
-        probe=ConsumerProbe(sender),
+        # Celery's soft shutdown, and as long again as a restart was given.
+        exit_after_s=settings.worker_soft_shutdown_seconds + settings.worker_stall_after_seconds,
+        probe=probe,
         alerts=alerts,
     )
     heartbeat.start()

@@ -66,7 +66,7 @@ def check_keys_or_dev_mode(settings: Settings) -> None:
         "intake_dev_mode",
         message="dev mode (PIPELINE_DEV_MODE, no PIPELINE_INTAKE_KEYS): unsigned requests "
         "accepted, from this machine only, Host localhost, 127.0.0.1 or [::1]; admin "
-        "endpoints open unless PIPELINE_ADMIN_TOKEN is set",
+        "endpoints open unless PIPELINE_ADMIN_TOKEN or PIPELINE_ADMIN_TOKENS is set",
     )
 
 

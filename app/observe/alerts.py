@@ -151,8 +151,11 @@ class Alerter:
         return False
 
     def close(self, *, timeout_s: float = 2.0) -> None:
-        """Send what is queued (bounded by `timeout_s`), then stop the sender."""
+        """Send what is queued and what was folded into windows still open (bounded by
+        `timeout_s`), then stop the sender."""
         with self._lock:
+            for _key, last, count in self._throttle.drain():
+                self._emit(AlertEvent(**{**last.__dict__, "count": count}))
             self._closing = True
             self._wake.notify()
         if self._thread is not None:

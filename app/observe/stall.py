@@ -3,9 +3,10 @@ of one line at each heartbeat.
 
 A consumer is starved while it has room for another message (a free pool slot), its line's
 queue has messages, and it takes none of them. A worker whose slots are all held by long
-tasks is busy, not starved; an empty queue starves nobody. Starved for `stall_after_s` it is
-stalled: whatever the cause (a cancelled consumer, a fetch that never returns), the
-heartbeat alone cannot tell it from a working one."""
+tasks is busy, not starved; an empty queue starves nobody; a worker that is stopping takes
+nothing on purpose. Starved for `stall_after_s` it is stalled: whatever the cause (a
+cancelled consumer, a fetch that never returns), the heartbeat alone cannot tell it from a
+working one."""
 
 from __future__ import annotations
 
@@ -26,6 +27,8 @@ class ConsumerSample:
     slots: int
     # Messages waiting on the line's queue; None when Redis did not say.
     queue_depth: int | None
+    # Whether the worker is shutting down (asked to stop, or its consumer no longer runs).
+    stopping: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -57,6 +60,19 @@ class StallWatch:
             self.restarted_at_s is None or now_s - self.restarted_at_s >= stall_after_s
         )
 
+    def exit_due(
+        self, *, now_s: float, stall_after_s: float, restart_waiting_since_s: float | None
+    ) -> bool:
+        """Stalled still, and the oldest restart its event loop has not run was handed to
+        it at `restart_waiting_since_s` (None: none waits), `stall_after_s` ago or more.
+        A consumer that took something since is not stalled, so a loop that was only busy
+        for a while (a task in the solo pool, which holds the one slot) never makes it due."""
+        return (
+            restart_waiting_since_s is not None
+            and self.is_stalled(now_s=now_s, stall_after_s=stall_after_s)
+            and now_s - restart_waiting_since_s >= stall_after_s
+        )
+
     def restarted(self, *, now_s: float) -> StallWatch:
         """The watch after its consumer was restarted at `now_s`."""
         return replace(self, restarted_at_s=now_s, restarts=self.restarts + 1)
@@ -66,8 +82,9 @@ def watch(previous: StallWatch | None, sample: ConsumerSample, *, now_s: float) 
     """Fold `sample`, taken at monotonic `now_s`, into the watch of the previous check
     (None at the first one)."""
     took = previous is not None and sample.taken > previous.taken
-    if not sample.queue_depth or sample.held >= sample.slots:
-        # Nothing to take (or Redis did not say), or no room to take it: not starved.
+    if sample.stopping or not sample.queue_depth or sample.held >= sample.slots:
+        # Stopping (its shutdown cancels the consumer and may hold the event loop while
+        # tasks finish), nothing to take (or Redis did not say), or no room: not starved.
         return StallWatch(taken=sample.taken, starved_since_s=None)
     if took or previous is None or previous.starved_since_s is None:
         # It took something, or has just become able to: its clock starts now.

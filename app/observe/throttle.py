@@ -42,3 +42,10 @@ class Throttle:
                 released.append((key, window.last, window.folded))
                 self._windows[key] = _Window(opened_s=now_s)
         return released
+
+    def drain(self) -> list[tuple[Hashable, Any, int]]:
+        """`(key, last folded item, count)` for every window that folded events, closed or
+        not: for a process that is going away, whose open windows would never close."""
+        released = [(key, w.last, w.folded) for key, w in self._windows.items() if w.folded]
+        self._windows.clear()
+        return released

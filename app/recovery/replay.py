@@ -1,7 +1,10 @@
 """Replay: put journal records back on their queues, by line, time range,
 business numbers and statuses, skipping those already `done` and those downstream already
 has. Streams through the journal in keyset pages (flat memory), respects each line's bound
-(what does not fit is `deferred` for the sweeper), and leaves an audit row.
+(what does not fit is `deferred` for the sweeper). Each run is kept in the `replays` table;
+a real run also writes an audit row, in the transaction that finishes it, and raises
+`REPLAY_FINISHED`. A dry run only counts: it is not an action, so it is neither audited nor
+alerted.
 
 `rejected` records are replayed only when asked for by status: their caller was answered
 429 and may have sent them again, as a new record."""
@@ -15,6 +18,7 @@ from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
 
 import httpx
+from sqlalchemy import Connection
 
 from app.delivery.push import Pusher
 from app.delivery.sinks import (
@@ -23,8 +27,9 @@ from app.delivery.sinks import (
     payload_occurred_at,
     stored_rows,
 )
+from app.errors import JournalUnavailable
 from app.ids import new_id
-from app.journal import claims, store
+from app.journal import audit, claims, store
 from app.journal.journal import Journal
 from app.journal.models import UNFINISHED, RecordStatus
 from app.journal.store import RecordFilter, RecordKey
@@ -109,8 +114,11 @@ class Replayer:
         actor: str,
         clock: Callable[[], datetime],
         on_page: Callable[[int], None] | None = None,
+        reason: str | None = None,
     ) -> ReplayCounts:
-        """Replay the records `where` selects. Raises `JournalUnavailable`, `BrokerUnavailable`."""
+        """Replay the records `where` selects, as `actor` (the audit log's name for who
+        asked). Raises `JournalUnavailable`, `BrokerUnavailable`; a real run that fails
+        part-way is still audited, with what it had done and the error's name."""
         counts = ReplayCounts()
         replay_id = new_id(clock())
         with self.journal.transaction("replay") as conn:
@@ -122,6 +130,30 @@ class Replayer:
                 dry_run=dry_run,
                 now=clock(),
             )
+        try:
+            self._replay_all(where, counts, dry_run=dry_run, clock=clock, on_page=on_page)
+        except Exception as exc:
+            if not dry_run:
+                self._audit_failed(where, counts, actor=actor, reason=reason, exc=exc, now=clock())
+            raise
+        with self.journal.transaction("replay") as conn:
+            store.finish_replay(conn, replay_id=replay_id, counts=asdict(counts), now=clock())
+            if not dry_run:
+                self._audit(conn, where, counts, actor=actor, reason=reason, now=clock())
+        log.info("replay_finished", replay_id=replay_id, dry_run=dry_run, **asdict(counts))
+        if not dry_run:
+            self._alert(where, counts, actor=actor, replay_id=replay_id)
+        return counts
+
+    def _replay_all(
+        self,
+        where: ReplayFilter,
+        counts: ReplayCounts,
+        *,
+        dry_run: bool,
+        clock: Callable[[], datetime],
+        on_page: Callable[[int], None] | None,
+    ) -> None:
         # One (line, status) at a time: each page is then a range of the (line, status, id)
         # index, however large the journal, instead of a sort of every match. The statuses
         # a replay moves records to come first, so no record is met twice.
@@ -139,17 +171,69 @@ class Replayer:
                 self._replay_page(page, counts, dry_run=dry_run, clock=clock)
                 if on_page:
                     on_page(len(page))
-        with self.journal.transaction("replay") as conn:
-            store.finish_replay(conn, replay_id=replay_id, counts=asdict(counts), now=clock())
-        log.info("replay_finished", replay_id=replay_id, dry_run=dry_run, **asdict(counts))
+
+    def _audit(
+        self,
+        conn: Connection,
+        where: ReplayFilter,
+        counts: ReplayCounts,
+        *,
+        actor: str,
+        reason: str | None,
+        now: datetime,
+        error: str | None = None,
+    ) -> None:
+        result: dict[str, object] = asdict(counts)
+        if error is not None:
+            result["error"] = error
+        audit.write(
+            conn,
+            actor=actor,
+            action=audit.Action.REPLAY,
+            target=f"line:{where.line or '*'}",
+            params=where.describe(),
+            result=result,
+            reason=reason,
+            now=now,
+        )
+
+    def _audit_failed(
+        self,
+        where: ReplayFilter,
+        counts: ReplayCounts,
+        *,
+        actor: str,
+        reason: str | None,
+        exc: Exception,
+        now: datetime,
+    ) -> None:
+        """Audit a run that failed part-way: what it did before the failure is done. The
+        failure itself is raised on; a journal that cannot take the row only logs."""
+        try:
+            with self.journal.transaction("replay") as conn:
+                self._audit(
+                    conn,
+                    where,
+                    counts,
+                    actor=actor,
+                    reason=reason,
+                    now=now,
+                    error=type(exc).__name__,
+                )
+        except JournalUnavailable:
+            log.warning("replay_not_audited", actor=actor, **asdict(counts))
+
+    def _alert(
+        self, where: ReplayFilter, counts: ReplayCounts, *, actor: str, replay_id: str
+    ) -> None:
+        skipped = counts.skipped_done + counts.skipped_synced + counts.skipped_in_flight
         self.alerts.raise_event(
             Event.REPLAY_FINISHED,
             line=where.line,
-            message=f"replay{' (dry run)' if dry_run else ''} by {actor}: "
-            f"{counts.matched} matched, {counts.enqueued} enqueued, {counts.deferred} deferred, "
-            f"{counts.skipped_done + counts.skipped_synced + counts.skipped_in_flight} skipped",
+            message=f"replay by {actor}: {counts.matched} matched, {counts.enqueued} enqueued, "
+            f"{counts.deferred} deferred, {skipped} skipped",
             replay_id=replay_id,
-            dry_run=dry_run,
+            dry_run=False,
             matched=counts.matched,
             enqueued=counts.enqueued,
             deferred=counts.deferred,
@@ -157,7 +241,6 @@ class Replayer:
             skipped_synced=counts.skipped_synced,
             skipped_in_flight=counts.skipped_in_flight,
         )
-        return counts
 
     def _replay_page(
         self,

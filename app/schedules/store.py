@@ -121,8 +121,9 @@ def add(  # noqa: PLR0913 - one keyword-only value per column of a schedule
     catchup_window_s: int,
     now: datetime,
     replace: bool = False,
-) -> None:
-    """Store a (validated) schedule; with `replace`, change the one of that name."""
+) -> bool:
+    """Store a (validated) schedule; with `replace`, change the one of that name. Returns
+    whether one was changed (else one was added)."""
     values = {
         "cron": cron,
         "timezone": timezone,
@@ -138,8 +139,9 @@ def add(  # noqa: PLR0913 - one keyword-only value per column of a schedule
         raise InvalidSchedule(f"schedule {name!r} exists (use --replace to change it)")
     if exists:
         conn.execute(update(schedules).where(schedules.c.name == name).values(**values))
-        return
+        return True
     conn.execute(insert(schedules).values(name=name, enabled=True, created_at=now, **values))
+    return False
 
 
 def remove(conn: Connection, name: str) -> None:

@@ -134,3 +134,18 @@ def test_bad_setting_stops_intake_with_one_line_naming_it(variable, value, tmp_p
     assert len(lines) == 1, result.stderr
     assert variable in lines[0]
     assert "Traceback" not in result.stderr + result.stdout
+
+
+def test_bench_refuses_an_unknown_scenario_naming_those_it_has():
+    run = subprocess.run(
+        [PIPELINE, "bench", "--scenario", "polled", "--scenario", "nope"],
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert run.returncode == 2
+    assert "no such scenario: nope" in run.stderr
+    assert "retention" in run.stderr
+    assert "Traceback" not in run.stderr

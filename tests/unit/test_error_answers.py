@@ -26,6 +26,7 @@ from app.intake.errors import response_for, status_for
         (errors.RecordNotFound(), 404),
         (errors.BadSignature(), 401),
         (errors.AdminRequired(), 401),
+        (errors.AdminNotConfigured(), 401),
         (errors.AdminForbidden(), 403),
         (errors.NonceReused(), 409),
         (errors.RateLimited(), 429),

@@ -48,6 +48,16 @@ def test_throttle_releases_a_closed_windows_folded_count():
     assert throttle.offer("k", "d", now_s=15) is None  # the release opened a new window
 
 
+def test_throttle_drains_what_open_windows_folded_for_a_process_that_goes_away():
+    throttle = Throttle(window_s=60)
+    for n in range(3):
+        throttle.offer("a", n, now_s=n)
+    throttle.offer("b", 0, now_s=0)
+    assert throttle.drain() == [("a", 2, 2)]
+    assert throttle.drain() == []
+    assert throttle.offer("a", 3, now_s=3) == 1
+
+
 def test_generic_webhook_posts_the_alert_and_signs_the_body():
     hook = WebhookSettings(kind=WebhookKind.GENERIC, url="http://h/x", secret=SecretStr("s"))
     request = build_request(hook, ALERT, now_ms=1)

@@ -51,6 +51,14 @@ def test_a_worker_holding_more_than_its_slots_is_busy_too() -> None:
     assert not stalled([replace(STARVED, held=3, slots=2)] * 100)
 
 
+def test_a_worker_that_is_stopping_is_never_stalled_and_its_clock_starts_again() -> None:
+    # Its shutdown cancels the consumer, or holds the event loop, while tasks finish.
+    stopping = [replace(STARVED, stopping=True), replace(STARVED, consuming=False, stopping=True)]
+    assert not stalled(stopping * 100)
+    # Its starved time before it began stopping is not carried over.
+    assert not stalled([*[STARVED] * 6, *stopping, *[STARVED] * 5])
+
+
 @pytest.mark.parametrize("depth", [0, None])
 def test_an_empty_or_unknown_queue_starves_nobody(depth: int | None) -> None:
     assert not stalled([replace(STARVED, queue_depth=depth)] * 100)
@@ -100,3 +108,39 @@ def test_a_stalled_consumer_is_restarted_once_per_threshold_and_stays_stalled_un
     seen = watch(seen, replace(STARVED, taken=1), now_s=now_s)
     assert not seen.is_stalled(now_s=now_s, stall_after_s=STALL_AFTER_S)
     assert (seen.restarts, seen.restarted_at_s) == (0, None)
+
+
+def test_a_restart_its_event_loop_never_runs_makes_the_worker_exit_one_threshold_later() -> None:
+    seen, now_s = checks([STARVED] * 7)
+    asked_s = now_s  # the restart handed to the loop at 30 s, never run
+    seen = seen.restarted(now_s=now_s)
+    for _ in range(5):
+        now_s += 5
+        seen = watch(seen, STARVED, now_s=now_s)
+        assert not seen.exit_due(
+            now_s=now_s, stall_after_s=STALL_AFTER_S, restart_waiting_since_s=asked_s
+        )
+    now_s += 5
+    seen = watch(seen, STARVED, now_s=now_s)
+    assert seen.exit_due(now_s=now_s, stall_after_s=STALL_AFTER_S, restart_waiting_since_s=asked_s)
+    # Its restarts ran: a stall that lasts is restarted again, not a reason to exit.
+    assert not seen.exit_due(now_s=now_s, stall_after_s=STALL_AFTER_S, restart_waiting_since_s=None)
+
+
+@pytest.mark.parametrize(
+    "sample",
+    [
+        replace(STARVED, taken=1),  # the loop took a message: it runs
+        replace(STARVED, held=4),  # busy, such as a solo worker running a task on its loop
+        replace(STARVED, stopping=True),  # its shutdown holds the loop
+        replace(STARVED, queue_depth=0),
+    ],
+)
+def test_a_waiting_restart_makes_no_exit_due_once_the_consumer_is_not_stalled(
+    sample: ConsumerSample,
+) -> None:
+    seen, now_s = checks([STARVED] * 7)
+    seen = watch(seen.restarted(now_s=now_s), sample, now_s=now_s + 100)
+    assert not seen.exit_due(
+        now_s=now_s + 100, stall_after_s=STALL_AFTER_S, restart_waiting_since_s=0
+    )
