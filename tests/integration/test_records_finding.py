@@ -139,8 +139,8 @@ def test_records_cancel_and_retry_on_the_command_line_audit_as_the_cli_user(harn
     with rt.journal.reading() as conn:
         rows = audit.newest(conn, limit=10)
     assert [(r.action, r.target) for r in rows] == [
-        (audit.Action.RETRY, "records"),
-        (audit.Action.CANCEL, waiting),
+        (audit.Action.RETRY, "line:order"),
+        (audit.Action.CANCEL, f"record:{waiting}"),
     ]
     assert {r.actor for r in rows} == {f"cli:{getpass.getuser()}"}
     assert rows[1].reason == "duplicate order"
