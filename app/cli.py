@@ -16,6 +16,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from app.cli_audit import audit
 from app.cli_lines import add_line_commands
+from app.cli_records import records_cli
 from app.cli_schedules import schedules_cli, settings_for_command
 from app.clock import as_utc
 from app.errors import AdminNotConfigured, ConfigError, PipelineError
@@ -34,6 +35,7 @@ cli = typer.Typer(
 db_cli = typer.Typer(help="The journal's schema.", no_args_is_help=True)
 cli.add_typer(db_cli, name="db")
 cli.add_typer(schedules_cli, name="schedules")
+cli.add_typer(records_cli, name="records")
 cli.command()(audit)
 add_line_commands(cli)
 
