@@ -228,3 +228,20 @@ def test_a_cancelled_record_is_swept_never_and_replayed_only_when_its_status_is_
     named = ReplayFilter(line="order", statuses=[RecordStatus.CANCELLED])
     counts = rt.replayer.replay(named, dry_run=False, actor="t", clock=utcnow)
     assert (counts.matched, counts.enqueued, queued_ids(rt.redis, "order")) == (1, 1, [rid])
+
+
+def test_a_dead_or_rejected_record_may_be_cancelled_and_a_done_one_may_not(harness):
+    rt = harness.runtime()
+    dead, rejected, done = (
+        journal_records(rt, [{"business_no": f"C-{status}"}], line="order", status=status)[0]
+        for status in (RecordStatus.DEAD, RecordStatus.REJECTED, RecordStatus.DONE)
+    )
+    client = harness.start_intake()
+    for record_id in (dead, rejected):
+        answer = client.post(f"/v1/records/{record_id}/cancel", json={"reason": "given up"})
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["status"] == "cancelled"
+    refused = client.post(f"/v1/records/{done}/cancel", json={"reason": "too late"})
+    assert refused.status_code == 409
+    assert refused.json()["error"]["code"] == "record_status_conflict"
+    assert {row.target for row in audit_rows(rt)} == {f"record:{dead}", f"record:{rejected}"}
