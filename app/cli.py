@@ -35,9 +35,9 @@ cli = typer.Typer(
 db_cli = typer.Typer(help="The journal's schema.", no_args_is_help=True)
 cli.add_typer(db_cli, name="db")
 cli.add_typer(schedules_cli, name="schedules")
+cli.add_typer(records_cli, name="records")
 cli.command()(audit)
 add_line_commands(cli)
-cli.add_typer(records_cli, name="records")
 
 
 def _settings() -> Settings:

@@ -1,20 +1,268 @@
-"""`pipeline records …`: the journal's records, read from the journal directly."""
+"""`pipeline records …`: find journal records by filter, show one with its attempts, retry
+them, cancel them."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.table import Table
+from rich.table import Column, Table
+from rich.text import Text
 
 from app.cli_schedules import settings_for_command
-from app.errors import RecordNotFound
+from app.clock import as_utc
 from app.journal.attempt_log import Attempt
-from app.journal.models import Record
+from app.journal.audit import MAX_REASON_LENGTH
+from app.journal.models import Record, RecordStatus, Source
+from app.journal.store import RecordFilter
 
-records_cli = typer.Typer(help="The journal's records.", no_args_is_help=True)
+if TYPE_CHECKING:
+    from app.recovery.record_actions import BulkCounts
+
+records_cli = typer.Typer(
+    help="Journal records: find them, retry them, cancel them.", no_args_is_help=True
+)
+
+# How much of a record's last error a table row shows.
+ERROR_COLUMN_CHARS = 40
+_STYLE = {
+    RecordStatus.DEAD: "bold red",
+    RecordStatus.FAILED: "yellow",
+    RecordStatus.DONE: "green",
+    RecordStatus.CANCELLED: "dim",
+}
+
+LineOpt = Annotated[str | None, typer.Option(help="Only this line.")]
+StatusOpt = Annotated[list[RecordStatus] | None, typer.Option(help="Repeat for several.")]
+SourceOpt = Annotated[Source | None, typer.Option(help="Only records from this source.")]
+BusinessNoOpt = Annotated[
+    list[str] | None, typer.Option("--business-no", help="Repeat for several.")
+]
+SinceOpt = Annotated[str | None, typer.Option(help="Created at or after (ISO 8601).")]
+UntilOpt = Annotated[str | None, typer.Option(help="Created before (ISO 8601).")]
+ErrorOpt = Annotated[
+    str | None, typer.Option("--error", help="Last error begins with this text (no wildcards).")
+]
+MinAttemptsOpt = Annotated[int | None, typer.Option(min=0, help="At least this many attempts.")]
+MaxAttemptsOpt = Annotated[int | None, typer.Option(min=0, help="At most this many attempts.")]
+DeadOpt = Annotated[bool, typer.Option("--dead", help="Shorthand for --status dead.")]
+FailedOpt = Annotated[bool, typer.Option("--failed", help="Shorthand for --status failed.")]
+DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="Count, change nothing.")]
+
+
+def _time(value: str | None, name: str) -> datetime | None:
+    if value is None:
+        return None
+    try:
+        return as_utc(datetime.fromisoformat(value))
+    except (ValueError, OverflowError):
+        raise typer.BadParameter(f"{value!r} is not an ISO 8601 time", param_hint=name) from None
+
+
+def _filter(options: Mapping[str, Any]) -> RecordFilter:
+    """The filter a command's filter options name (`locals()` of the command); raises
+    `InvalidFilter` for a contradictory one."""
+    from app.recovery.record_actions import check_filter  # noqa: PLC0415
+
+    statuses = list(options["status"] or [])
+    shorthands = ((RecordStatus.DEAD, options["dead"]), (RecordStatus.FAILED, options["failed"]))
+    statuses += [status for status, on in shorthands if on]
+    where = RecordFilter(
+        line=options["line"],
+        statuses=list(dict.fromkeys(statuses)),
+        source=options["source"],
+        business_nos=options["business_no"] or (),
+        since=_time(options["since"], "--since"),
+        until=_time(options["until"], "--until"),
+        error_prefix=options["error"] or None,
+        min_attempts=options["min_attempts"],
+        max_attempts=options["max_attempts"],
+    )
+    check_filter(where)
+    return where
+
+
+def _records_table(items: list[Record]) -> Table:
+    """A table of records. Cells are plain `Text`: a business number or an error that looks
+    like rich markup (`[red]`) is shown as it is."""
+    table = Table(
+        # Whole, however narrow the terminal: an id is copied into the next command.
+        Column("id", no_wrap=True, min_width=26),
+        "line",
+        "business no",
+        "status",
+        "attempts",
+        "last error",
+        "created",
+    )
+    for r in items:
+        error = (r.last_error or "-").replace("\n", " ")
+        if len(error) > ERROR_COLUMN_CHARS:
+            error = error[: ERROR_COLUMN_CHARS - 1] + "…"
+        table.add_row(
+            Text(r.id),
+            Text(r.line),
+            Text(r.business_no),
+            Text(r.status.value, style=_STYLE.get(r.status, "")),
+            Text(str(r.attempts)),
+            Text(error),
+            Text(r.created_at.strftime("%Y-%m-%dT%H:%M:%SZ")),
+        )
+    return table
+
+
+@records_cli.command("list")
+def records_list(  # noqa: PLR0913 - one argument per option
+    line: LineOpt = None,
+    status: StatusOpt = None,
+    source: SourceOpt = None,
+    business_no: BusinessNoOpt = None,
+    since: SinceOpt = None,
+    until: UntilOpt = None,
+    error: ErrorOpt = None,
+    min_attempts: MinAttemptsOpt = None,
+    max_attempts: MaxAttemptsOpt = None,
+    dead: DeadOpt = False,
+    failed: FailedOpt = False,
+    limit: Annotated[int, typer.Option(min=1, max=1000, help="Records per page.")] = 50,
+    after: Annotated[str | None, typer.Option(help="The cursor a previous page printed.")] = None,
+) -> None:
+    """List records by id, a page at a time; prints the cursor of the next page."""
+    from app.journal import store  # noqa: PLC0415
+    from app.journal.engine import make_engine  # noqa: PLC0415
+    from app.journal.journal import Journal  # noqa: PLC0415
+
+    where = _filter(locals())
+    engine = make_engine(settings_for_command().database_url)
+    try:
+        with Journal(engine).reading() as conn:
+            items = store.list_records(conn, where, limit=limit + 1, after=after)
+    finally:
+        engine.dispose()
+    page = items[:limit]
+    Console().print(_records_table(page))
+    print(f"next: {page[-1].id}" if len(items) > limit else "next: none (last page)")
+
+
+def _reason(value: str | None) -> str | None:
+    if value is None:
+        return None
+    reason = value.strip()
+    if not reason or len(reason) > MAX_REASON_LENGTH:
+        raise typer.BadParameter(f"1 to {MAX_REASON_LENGTH} characters", param_hint="--reason")
+    return reason
+
+
+def _act(
+    record_id: str | None,
+    where: RecordFilter,
+    *,
+    cancel: bool,
+    dry_run: bool,
+    reason: str | None,
+) -> None:
+    """Retry (or cancel) one record, or those `where` selects, and print what was done."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn  # noqa: PLC0415
+
+    from app.clock import utcnow  # noqa: PLC0415
+    from app.journal.audit import cli_actor  # noqa: PLC0415
+    from app.recovery.record_actions import RecordActions, describe  # noqa: PLC0415
+    from app.runtime import Runtime  # noqa: PLC0415
+
+    if record_id is not None and (describe(where) or dry_run):
+        raise typer.BadParameter("name a record id or filters, not both; --dry-run is for filters")
+    verb = "cancel" if cancel else "retry"
+    rt = Runtime.build(settings_for_command())
+    try:
+        actions = RecordActions(journal=rt.journal, pusher=rt.pusher, lines=rt.lines)
+        if record_id is not None:
+            actor, now = cli_actor(), utcnow()
+            if cancel:
+                record = actions.cancel(record_id, actor=actor, reason=reason or "", now=now)
+            else:
+                record = actions.retry(record_id, actor=actor, reason=reason, now=now)
+            Console().print(_records_table([record]))
+            return
+        if where.line is not None and not cancel:
+            rt.lines.get(where.line)  # a retry pushes: its line must be configured
+        columns = (TextColumn(verb), BarColumn(), MofNCompleteColumn())
+        with Progress(*columns, console=Console(stderr=True), disable=dry_run) as progress:
+            task = progress.add_task(verb, total=actions.selected(where, cancel=cancel))
+            counts = actions.bulk(
+                where,
+                cancel=cancel,
+                dry_run=dry_run,
+                actor=cli_actor(),
+                reason=reason,
+                clock=utcnow,
+                on_page=lambda n: progress.advance(task, n),
+            )
+    finally:
+        rt.close()
+    Console().print(_counts_table(counts, cancel=cancel))
+    if dry_run:
+        print("dry run: nothing was changed")
+
+
+def _counts_table(counts: BulkCounts, *, cancel: bool) -> Table:
+    acted = "cancelled" if cancel else "retried"
+    if counts.dry_run:
+        acted = f"would be {acted}"
+    heads = ["matched", acted, "skipped (status)", "skipped (in flight)"]
+    cells = [counts.matched, counts.acted, counts.skipped_status, counts.skipped_in_flight]
+    if not cancel and not counts.dry_run:
+        heads += ["enqueued", "deferred (queue full)", "skipped (unknown line)"]
+        cells += [counts.enqueued, counts.deferred, counts.skipped_unknown_line]
+    table = Table(*heads)
+    table.add_row(*(str(cell) for cell in cells))
+    return table
+
+
+@records_cli.command("retry")
+def records_retry(  # noqa: PLR0913 - one argument per option
+    record_id: Annotated[str | None, typer.Argument(help="One record; or use filters.")] = None,
+    line: LineOpt = None,
+    status: StatusOpt = None,
+    source: SourceOpt = None,
+    business_no: BusinessNoOpt = None,
+    since: SinceOpt = None,
+    until: UntilOpt = None,
+    error: ErrorOpt = None,
+    min_attempts: MinAttemptsOpt = None,
+    max_attempts: MaxAttemptsOpt = None,
+    dead: DeadOpt = False,
+    failed: FailedOpt = False,
+    reason: Annotated[str | None, typer.Option(help="Why, for the audit log.")] = None,
+    dry_run: DryRunOpt = False,
+) -> None:
+    """Put failed, dead or rejected records back on their queues now (one, or by filter)."""
+    where = _filter(locals())
+    _act(record_id, where, cancel=False, dry_run=dry_run, reason=_reason(reason))
+
+
+@records_cli.command("cancel")
+def records_cancel(  # noqa: PLR0913 - one argument per option
+    reason: Annotated[str, typer.Option(help="Why, for the audit log (required).")],
+    record_id: Annotated[str | None, typer.Argument(help="One record; or use filters.")] = None,
+    line: LineOpt = None,
+    status: StatusOpt = None,
+    source: SourceOpt = None,
+    business_no: BusinessNoOpt = None,
+    since: SinceOpt = None,
+    until: UntilOpt = None,
+    error: ErrorOpt = None,
+    min_attempts: MinAttemptsOpt = None,
+    max_attempts: MaxAttemptsOpt = None,
+    dead: DeadOpt = False,
+    failed: FailedOpt = False,
+    dry_run: DryRunOpt = False,
+) -> None:
+    """Cancel unfinished records: final, never delivered (one by id, or by filter)."""
+    where = _filter(locals())
+    _act(record_id, where, cancel=True, dry_run=dry_run, reason=_reason(reason))
 
 
 @records_cli.command("show")
@@ -22,6 +270,7 @@ def records_show(
     record_id: Annotated[str, typer.Argument(help="The record's id.")],
 ) -> None:
     """Show a record and its attempts, oldest first. Exits 1 when there is no such record."""
+    from app.errors import RecordNotFound  # noqa: PLC0415
     from app.journal import attempt_log, store  # noqa: PLC0415
     from app.journal.engine import make_engine  # noqa: PLC0415
     from app.journal.journal import Journal  # noqa: PLC0415
@@ -36,17 +285,17 @@ def records_show(
     if record is None:
         raise RecordNotFound(f"no record {record_id!r}")
     console = Console()
-    console.print(record_table(record))
-    console.print(attempts_table(history))
+    console.print(_record_fields(record))
+    console.print(_attempts_table(history))
 
 
-def _time(value: datetime | None) -> str:
+def _iso(value: datetime | None) -> str:
     return "-" if value is None else value.isoformat()
 
 
-def record_table(record: Record) -> Table:
-    """The record's fields, one a row (no payload: it may be large, and `GET
-    /v1/records/{id}` shows it)."""
+def _record_fields(record: Record) -> Table:
+    """The record's fields, one a row (not its payload: `GET /v1/records/{id}` shows it).
+    Cells are plain `Text`, as in `_records_table`."""
     table = Table("field", "value", title=f"record {record.id}")
     rows = {
         "line": record.line,
@@ -54,19 +303,19 @@ def record_table(record: Record) -> Table:
         "source": record.source.value,
         "status": record.status.value,
         "attempts": str(record.attempts),
-        "next attempt at": _time(record.next_attempt_at),
+        "next attempt at": _iso(record.next_attempt_at),
         "last error": record.last_error or "-",
-        "created at": _time(record.created_at),
-        "updated at": _time(record.updated_at),
-        "finished at": _time(record.finished_at),
+        "created at": _iso(record.created_at),
+        "updated at": _iso(record.updated_at),
+        "finished at": _iso(record.finished_at),
     }
     for name, value in rows.items():
-        table.add_row(name, value)
+        table.add_row(name, Text(value))
     return table
 
 
-def attempts_table(history: list[Attempt]) -> Table:
-    """One row per attempt, oldest first."""
+def _attempts_table(history: list[Attempt]) -> Table:
+    """One row per attempt, oldest first; plain `Text` cells."""
     table = Table(
         "#",
         "started",
@@ -80,14 +329,15 @@ def attempts_table(history: list[Attempt]) -> Table:
     )
     for attempt in history:
         error = f"{attempt.error_class}: {attempt.error_message}" if attempt.error_class else "-"
-        table.add_row(
+        cells = (
             str(attempt.attempt),
-            _time(attempt.started_at),
-            _time(attempt.finished_at),
+            _iso(attempt.started_at),
+            _iso(attempt.finished_at),
             f"{attempt.worker_host}:{attempt.worker_pid}",
             attempt.outcome.value,
             "-" if attempt.http_status is None else str(attempt.http_status),
             f"{attempt.duration_ms} ms",
             error,
         )
+        table.add_row(*(Text(cell) for cell in cells))
     return table

@@ -14,7 +14,8 @@
     │   ├── PayloadTooLarge      the body is over the size limit
     │   ├── HeadersTooLarge      the request's headers are over the limit
     │   ├── RequestTimeout       the body did not arrive in time
-    │   └── InvalidSchedule      a schedule's cron, zone, line or payload is invalid
+    │   ├── InvalidSchedule      a schedule's cron, zone, line or payload is invalid
+    │   └── InvalidFilter        a filter of records is contradictory or empty where one is needed
     ├── NotFound                 what the request names does not exist
     │   ├── UnknownLine          no business line has that name
     │   ├── RecordNotFound       no journal record has that id
@@ -28,7 +29,10 @@
     │   │   ├── AdminForbidden   an admin endpoint was called with a wrong token
     │   │   └── NotLoopback      dev mode, and the client is not on this machine
     │   ├── HostNotAllowed       dev mode, and the request's Host is not a loopback name
-    │   ├── Conflict             NonceReused: a known nonce came back with another body or line
+    │   ├── Conflict             the request conflicts with what is stored
+    │   │   ├── NonceReused      a known nonce came back with another body or line
+    │   │   ├── RecordInFlight   an operator's action met a record an attempt or a queue holds
+    │   │   └── RecordStatusConflict  the record's status does not take that action
     │   └── Throttled            try again after `retry_after_s`
     │       ├── RateLimited      a line's requests are over its intake rate
     │       └── QueueFull        a line's queue is full under `reject` (the record is kept)
@@ -262,6 +266,24 @@ class InvalidSchedule(Invalid):
     """The schedule is invalid."""
 
     code = "invalid_schedule"
+
+
+class InvalidFilter(Invalid):
+    """The filter of records is invalid."""
+
+    code = "invalid_filter"
+
+
+class RecordInFlight(Conflict):
+    """The record is in flight: an attempt holds its lease, or its message is on its queue."""
+
+    code = "record_in_flight"
+
+
+class RecordStatusConflict(Conflict):
+    """The record's status does not take this action."""
+
+    code = "record_status_conflict"
 
 
 class ScheduleNotFound(NotFound):

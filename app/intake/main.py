@@ -13,7 +13,7 @@ from fastapi import FastAPI
 from app.clock import utcnow
 from app.delivery.group_commit import GroupAccept
 from app.errors import ConfigError
-from app.intake import errors, routes, routes_audit, routes_lines
+from app.intake import errors, routes, routes_audit, routes_lines, routes_records
 from app.intake.exposure import LoopbackOnly, check_keys_or_dev_mode
 from app.intake.limits import RequestLimits
 from app.intake.pacing import pacers_for
@@ -65,6 +65,7 @@ def create_app(settings: Settings) -> FastAPI:
     )
     if settings.in_dev_mode:
         app.add_middleware(LoopbackOnly)  # added last: the outermost, before any limit
+    app.include_router(routes_records.router)
     app.include_router(routes.router)
     app.include_router(routes_audit.router)
     app.include_router(routes_lines.router)

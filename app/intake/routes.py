@@ -39,7 +39,7 @@ from app.intake.signing import MAX_NONCE_LENGTH, Caller, verify
 from app.intake.views import line_status_view, record_view
 from app.journal import attempt_log, store
 from app.journal.models import RecordStatus, Source
-from app.journal.store import NewRecord, RecordFilter
+from app.journal.store import NewRecord
 from app.observe.metrics import CONTENT_TYPE, render
 from app.observe.telemetry import Counter, IntakeOutcome, recent_alerts
 from app.recovery.replay import DEFAULT_STATUSES, ReplayFilter
@@ -256,36 +256,6 @@ def get_record(
     if record is None:
         raise RecordNotFound(f"no record {record_id!r}")
     return record_view(record, history)
-
-
-@router.get("/v1/records", dependencies=[Depends(require_admin)], responses=errors_doc(*ADMIN))
-def list_records(
-    rt: RuntimeDep,
-    line: Annotated[Text | None, Query(max_length=32)] = None,
-    status: Annotated[list[RecordStatus] | None, Query()] = None,
-    source: Source | None = None,
-    business_no: Annotated[list[Text] | None, Query(max_length=128)] = None,
-    since: UtcTime | None = None,
-    until: UtcTime | None = None,
-    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    after: Annotated[Text | None, Query(max_length=26)] = None,
-) -> dict[str, Any]:
-    """Records by id, filtered; `next` is the cursor for the following page."""
-    where = RecordFilter(
-        line=line,
-        statuses=status or (),
-        source=source,
-        business_nos=business_no or (),
-        since=since,
-        until=until,
-    )
-    with rt.journal.reading() as conn:
-        items = store.list_records(conn, where, limit=limit + 1, after=after)
-    page = items[:limit]
-    return {
-        "items": [record_view(record) for record in page],
-        "next": page[-1].id if len(items) > limit else None,
-    }
 
 
 class ReplayRequest(BaseModel):

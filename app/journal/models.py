@@ -37,6 +37,9 @@ class RecordStatus(StrEnum):
     DONE = "done"
     DEAD = "dead"
     REJECTED = "rejected"
+    # An operator cancelled it before it was delivered: final, never delivered, never swept,
+    # replayed only when a replay names this status.
+    CANCELLED = "cancelled"
 
 
 UNFINISHED = (

@@ -100,7 +100,9 @@ class NewRecord:
 
 @dataclass(frozen=True, kw_only=True)
 class RecordFilter:
-    """Filters of `GET /v1/records` and of replay."""
+    """Filters of `GET /v1/records`, of the operator's bulk actions and of replay.
+    `error_prefix`: how `last_error` begins, as plain text (no wildcards); `min_attempts`,
+    `max_attempts`: bounds of `attempts`, both included."""
 
     line: str | None = None
     statuses: Sequence[RecordStatus] = ()
@@ -108,6 +110,9 @@ class RecordFilter:
     business_nos: Sequence[str] = ()
     since: datetime | None = None
     until: datetime | None = None
+    error_prefix: str | None = None
+    min_attempts: int | None = None
+    max_attempts: int | None = None
 
 
 def _upsert_dialect(conn: Connection) -> Any:
@@ -192,7 +197,8 @@ def get_record(conn: Connection, record_id: str) -> Record | None:
     return Record.from_row(row) if row else None
 
 
-def _filtered(query: Any, where: RecordFilter) -> Any:
+def filtered(query: Any, where: RecordFilter) -> Any:
+    """`query` narrowed to the records `where` selects."""
     if where.line:
         query = query.where(records.c.line == where.line)
     if where.statuses:
@@ -205,12 +211,21 @@ def _filtered(query: Any, where: RecordFilter) -> Any:
         query = query.where(records.c.created_at >= where.since)
     if where.until:
         query = query.where(records.c.created_at < where.until)
+    if where.error_prefix:
+        # The first characters compared as text: `%` and `_` match only themselves, and the
+        # comparison is case-sensitive on SQLite too (its LIKE folds ASCII case).
+        prefix = where.error_prefix
+        query = query.where(func.substr(records.c.last_error, 1, len(prefix)) == prefix)
+    if where.min_attempts is not None:
+        query = query.where(records.c.attempts >= where.min_attempts)
+    if where.max_attempts is not None:
+        query = query.where(records.c.attempts <= where.max_attempts)
     return query
 
 
 def count_records(conn: Connection, where: RecordFilter) -> int:
     """How many records match `where`."""
-    query = _filtered(select(func.count()).select_from(records), where)
+    query = filtered(select(func.count()).select_from(records), where)
     return int(conn.execute(query).scalar_one())
 
 
@@ -218,7 +233,7 @@ def list_records(
     conn: Connection, where: RecordFilter, *, limit: int, after: str | None = None
 ) -> list[Record]:
     """Records matching `where`, by id, after the cursor `after` (keyset pagination)."""
-    query = _filtered(select(records).order_by(records.c.id).limit(limit), where)
+    query = filtered(select(records).order_by(records.c.id).limit(limit), where)
     if after:
         query = query.where(records.c.id > after)
     return [Record.from_row(row) for row in conn.execute(query)]
@@ -241,7 +256,7 @@ def list_record_keys(
 ) -> list[RecordKey]:
     """`list_records`, reading only each record's `RecordKey`."""
     columns = (records.c.id, records.c.line, records.c.business_no, records.c.status)
-    query = _filtered(select(*columns).order_by(records.c.id).limit(limit), where)
+    query = filtered(select(*columns).order_by(records.c.id).limit(limit), where)
     if after:
         query = query.where(records.c.id > after)
     rows = conn.execute(query)

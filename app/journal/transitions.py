@@ -34,6 +34,8 @@ class Event(StrEnum):
     SUCCEEDED = "succeeded"  # the lease holder delivered it
     RETRY = "retry"  # the lease holder's attempt failed; another is due later
     DIED = "died"  # the lease holder's attempt failed and none is left
+    RETRIED = "retried"  # an operator puts a failed, dead or rejected record back on its queue
+    CANCELLED = "cancelled"  # an operator cancels a record that has not finished
 
 
 class Lease(StrEnum):
@@ -57,9 +59,13 @@ UNFINISHED = frozenset({S.RECEIVED, S.ENQUEUED, S.DEFERRED, S.FAILED})
 # What a worker runs: a record on a queue or on its way there. A `failed` one waits for
 # its retry, which the sweeper pushes when it is due.
 RUNNABLE = frozenset({S.RECEIVED, S.ENQUEUED, S.DEFERRED})
-# What a replay takes: anything unfinished, and the dead. A rejected record is taken
-# only when asked for (its caller was told 429 and may have sent it again).
-REPLAYABLE = UNFINISHED | {S.DEAD, S.REJECTED}
+# What a replay takes: anything unfinished, and the dead. A rejected or a cancelled record
+# is taken only when its status is named (a rejected one's caller was told 429 and may have
+# sent it again; a cancelled one was meant never to be delivered).
+REPLAYABLE = UNFINISHED | {S.DEAD, S.REJECTED, S.CANCELLED}
+# What an operator's retry takes: a record that waits for its retry, or that no attempt
+# will run again.
+RETRYABLE = frozenset({S.FAILED, S.DEAD, S.REJECTED})
 
 TRANSITIONS: dict[Event, Transition] = {
     Event.PUSHED: Transition(sources=frozenset({S.RECEIVED}), to=S.ENQUEUED, lease=Lease.ANY),
@@ -74,6 +80,11 @@ TRANSITIONS: dict[Event, Transition] = {
     Event.SUCCEEDED: Transition(sources=RUNNABLE, to=S.DONE, lease=Lease.HELD),
     Event.RETRY: Transition(sources=RUNNABLE, to=S.FAILED, lease=Lease.HELD),
     Event.DIED: Transition(sources=RUNNABLE, to=S.DEAD, lease=Lease.HELD),
+    Event.RETRIED: Transition(sources=RETRYABLE, to=S.ENQUEUED, lease=Lease.FREE),
+    # Anything but delivered: a dead or rejected record too (the operator gives up on it).
+    Event.CANCELLED: Transition(
+        sources=UNFINISHED | {S.DEAD, S.REJECTED}, to=S.CANCELLED, lease=Lease.FREE
+    ),
 }
 
 

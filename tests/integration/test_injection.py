@@ -1,6 +1,7 @@
 """No SQL is built from input: injection strings through every filter of the records list,
-the replay endpoint and the schedules command find nothing, change nothing and break
-nothing; and no statement in the code is built by string formatting."""
+the bulk retry and cancel (dry runs), the replay endpoint and the schedules command find
+nothing, change nothing and break nothing; and no statement in the code is built by string
+formatting."""
 
 from __future__ import annotations
 
@@ -53,7 +54,7 @@ def test_injection_strings_through_every_filter_find_and_change_nothing(harness,
     admin = {"authorization": f"Bearer {ADMIN}"}
     before = harness.record_count()
     ids = [record.id for record in harness.records()]
-    for name in ("line", "business_no", "after", "status", "source", "since", "until"):
+    for name in ("line", "business_no", "after", "status", "source", "since", "until", "error"):
         response = intake.get("/v1/records", params={name: evil}, headers=admin)
         assert response.status_code in (200, 422), (name, response.text)
         if response.status_code != 200:
@@ -64,6 +65,11 @@ def test_injection_strings_through_every_filter_find_and_change_nothing(harness,
         assert found == expected, (name, found)
     path = "/v1/records/" + urllib.parse.quote(evil, safe="")
     assert intake.get(path, headers=admin).status_code in (404, 422)
+    bulk = {"business_no": [evil], "error": evil, "reason": evil, "dry_run": True}
+    for action in ("retry", "cancel"):
+        answer = intake.post(f"/v1/records/{action}", json=bulk, headers=admin)
+        assert answer.status_code in (200, 422), (action, answer.text)
+        assert answer.status_code == 422 or answer.json()["matched"] == 0
     replay = intake.post(
         "/v1/replay",
         json={"business_nos": [evil], "dry_run": True},

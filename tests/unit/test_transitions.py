@@ -18,17 +18,24 @@ EXPECTED: dict[Event, dict[S, S]] = {
     Event.RESENT: {S.REJECTED: S.RECEIVED},
     Event.SWEPT: dict.fromkeys((S.RECEIVED, S.ENQUEUED, S.DEFERRED, S.FAILED), S.ENQUEUED),
     Event.REPLAYED: dict.fromkeys(
-        (S.RECEIVED, S.ENQUEUED, S.DEFERRED, S.FAILED, S.DEAD, S.REJECTED), S.ENQUEUED
+        (S.RECEIVED, S.ENQUEUED, S.DEFERRED, S.FAILED, S.DEAD, S.REJECTED, S.CANCELLED),
+        S.ENQUEUED,
     ),
     Event.NOT_PUSHED: {S.ENQUEUED: S.DEFERRED},
     Event.SYNCED: dict.fromkeys(
-        (S.RECEIVED, S.ENQUEUED, S.DEFERRED, S.FAILED, S.DEAD, S.REJECTED), S.DONE
+        (S.RECEIVED, S.ENQUEUED, S.DEFERRED, S.FAILED, S.DEAD, S.REJECTED, S.CANCELLED), S.DONE
     ),
     # An attempt keeps the status it found; its lease says it runs.
     Event.ATTEMPT: {S.RECEIVED: S.RECEIVED, S.ENQUEUED: S.ENQUEUED, S.DEFERRED: S.DEFERRED},
     Event.SUCCEEDED: dict.fromkeys((S.RECEIVED, S.ENQUEUED, S.DEFERRED), S.DONE),
     Event.RETRY: dict.fromkeys((S.RECEIVED, S.ENQUEUED, S.DEFERRED), S.FAILED),
     Event.DIED: dict.fromkeys((S.RECEIVED, S.ENQUEUED, S.DEFERRED), S.DEAD),
+    # An operator's actions: a retry takes what no attempt will run again (or not yet), a
+    # cancel anything not delivered.
+    Event.RETRIED: dict.fromkeys((S.FAILED, S.DEAD, S.REJECTED), S.ENQUEUED),
+    Event.CANCELLED: dict.fromkeys(
+        (S.RECEIVED, S.ENQUEUED, S.DEFERRED, S.FAILED, S.DEAD, S.REJECTED), S.CANCELLED
+    ),
 }
 
 LEASES = {
@@ -44,6 +51,8 @@ LEASES = {
     Event.SUCCEEDED: Lease.HELD,
     Event.RETRY: Lease.HELD,
     Event.DIED: Lease.HELD,
+    Event.RETRIED: Lease.FREE,
+    Event.CANCELLED: Lease.FREE,
 }
 
 
@@ -57,16 +66,23 @@ def test_every_event_is_in_the_table_with_its_lease_rule() -> None:
     assert {event: rule.lease for event, rule in TRANSITIONS.items()} == LEASES
 
 
-def test_nothing_moves_a_final_record_but_a_replay_or_a_resend() -> None:
+def test_nothing_moves_a_final_record_but_a_replay_a_resend_a_retry_or_a_cancel() -> None:
     for event in Event:
-        for final in (S.DONE, S.DEAD, S.REJECTED):
+        for final in (S.DONE, S.DEAD, S.REJECTED, S.CANCELLED):
             moved = next_status(final, event)
             allowed = (
                 (event is Event.REPLAYED and final is not S.DONE)
                 or (event is Event.SYNCED and final is not S.DONE)
                 or (event is Event.RESENT and final is S.REJECTED)
+                or (event is Event.RETRIED and final in (S.DEAD, S.REJECTED))
+                or (event is Event.CANCELLED and final in (S.DEAD, S.REJECTED))
             )
             assert (moved is not None) == allowed, (final, event)
+
+
+def test_a_cancelled_record_is_never_run_swept_retried_or_cancelled_again() -> None:
+    for event in (Event.ATTEMPT, Event.SWEPT, Event.RETRIED, Event.CANCELLED, Event.PUSHED):
+        assert next_status(S.CANCELLED, event) is None, event
 
 
 def test_only_the_lease_holder_records_an_outcome() -> None:

@@ -1,0 +1,205 @@
+"""The admin endpoints that find records and act on them: the list by filter, a retry or
+a cancel of one record, and the same in bulk by filter (with a dry run)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Path, Query
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+from app.clock import utcnow
+from app.intake.routes import ADMIN, AdminActor, RuntimeDep, Text, UtcTime, errors_doc
+from app.intake.routes import require_admin as _require_admin
+from app.intake.views import record_view
+from app.journal import store
+from app.journal.audit import MAX_REASON_LENGTH
+from app.journal.models import RecordStatus, Source
+from app.journal.store import RecordFilter
+from app.recovery.record_actions import BulkCounts, RecordActions, check_filter
+from app.runtime import Runtime
+
+router = APIRouter(dependencies=[Depends(_require_admin)])
+
+# How long an error prefix may be: `last_error` keeps 2,000 characters, a prefix that
+# long names one error.
+MAX_ERROR_PREFIX = 500
+# No line allows more attempts than this; a bound above it is a typo.
+MAX_ATTEMPTS_FILTER = 1_000_000
+RecordId = Annotated[str, Path(max_length=128, pattern=r"^[^\x00]*$")]
+Reason = Annotated[
+    Text, StringConstraints(strip_whitespace=True, min_length=1, max_length=MAX_REASON_LENGTH)
+]
+ErrorPrefix = Annotated[Text, StringConstraints(min_length=1, max_length=MAX_ERROR_PREFIX)]
+AttemptBound = Annotated[int, Field(ge=0, le=MAX_ATTEMPTS_FILTER)]
+
+
+def _actions(rt: Runtime) -> RecordActions:
+    return RecordActions(journal=rt.journal, pusher=rt.pusher, lines=rt.lines)
+
+
+@router.get("/v1/records", responses=errors_doc(*ADMIN))
+def list_records(  # noqa: PLR0913 - the filters of the query string, one argument each
+    rt: RuntimeDep,
+    line: Annotated[Text | None, Query(max_length=32)] = None,
+    status: Annotated[list[RecordStatus] | None, Query()] = None,
+    source: Source | None = None,
+    business_no: Annotated[list[Text] | None, Query(max_length=128)] = None,
+    since: UtcTime | None = None,
+    until: UtcTime | None = None,
+    error: Annotated[
+        ErrorPrefix | None, Query(description="how last_error begins, as plain text")
+    ] = None,
+    min_attempts: Annotated[AttemptBound | None, Query()] = None,
+    max_attempts: Annotated[AttemptBound | None, Query()] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    after: Annotated[Text | None, Query(max_length=26)] = None,
+) -> dict[str, Any]:
+    """Records by id, filtered; `next` is the cursor for the following page."""
+    where = RecordFilter(
+        line=line,
+        statuses=status or (),
+        source=source,
+        business_nos=business_no or (),
+        since=since,
+        until=until,
+        error_prefix=error,
+        min_attempts=min_attempts,
+        max_attempts=max_attempts,
+    )
+    check_filter(where)
+    with rt.journal.reading() as conn:
+        items = store.list_records(conn, where, limit=limit + 1, after=after)
+    page = items[:limit]
+    return {
+        "items": [record_view(record) for record in page],
+        "next": page[-1].id if len(items) > limit else None,
+    }
+
+
+class RetryBody(BaseModel):
+    """The body of `POST /v1/records/{id}/retry` (optional)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    reason: Reason | None = None
+
+
+class CancelBody(BaseModel):
+    """The body of `POST /v1/records/{id}/cancel`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    reason: Reason
+
+
+class Selection(BaseModel):
+    """The filter of a bulk action: the filters of `GET /v1/records` (at least one)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    line: Annotated[Text, Field(max_length=32)] | None = None
+    status: list[RecordStatus] = Field(default_factory=list, max_length=len(RecordStatus))
+    source: Source | None = None
+    business_no: list[Annotated[Text, Field(max_length=128)]] = Field(
+        default_factory=list, max_length=10_000
+    )
+    since: UtcTime | None = None
+    until: UtcTime | None = None
+    error: ErrorPrefix | None = None
+    min_attempts: AttemptBound | None = None
+    max_attempts: AttemptBound | None = None
+    dry_run: bool = False
+
+    def record_filter(self) -> RecordFilter:
+        return RecordFilter(
+            line=self.line,
+            statuses=self.status,
+            source=self.source,
+            business_nos=self.business_no,
+            since=self.since,
+            until=self.until,
+            error_prefix=self.error,
+            min_attempts=self.min_attempts,
+            max_attempts=self.max_attempts,
+        )
+
+
+class BulkRetryBody(Selection):
+    """The body of `POST /v1/records/retry`."""
+
+    reason: Reason | None = None
+
+
+class BulkCancelBody(Selection):
+    """The body of `POST /v1/records/cancel`: a reason is required."""
+
+    reason: Reason
+
+
+@router.post("/v1/records/retry", responses=errors_doc(*ADMIN))
+def retry_matching(body: BulkRetryBody, rt: RuntimeDep, actor: AdminActor) -> dict[str, Any]:
+    """Retry every `failed`, `dead` or `rejected` record the filter selects that is not in
+    flight; `dry_run`: only count them."""
+    counts = _actions(rt).bulk(
+        body.record_filter(),
+        cancel=False,
+        dry_run=body.dry_run,
+        actor=actor,
+        reason=body.reason,
+        clock=utcnow,
+    )
+    answer = _bulk_answer(counts, acted="retried")
+    dry = counts.dry_run
+    return answer | {
+        "enqueued": None if dry else counts.enqueued,
+        "deferred": None if dry else counts.deferred,
+        "skipped_unknown_line": counts.skipped_unknown_line,
+    }
+
+
+@router.post("/v1/records/cancel", responses=errors_doc(*ADMIN))
+def cancel_matching(body: BulkCancelBody, rt: RuntimeDep, actor: AdminActor) -> dict[str, Any]:
+    """Cancel every unfinished record the filter selects that is not in flight; `dry_run`:
+    only count them."""
+    counts = _actions(rt).bulk(
+        body.record_filter(),
+        cancel=True,
+        dry_run=body.dry_run,
+        actor=actor,
+        reason=body.reason,
+        clock=utcnow,
+    )
+    return _bulk_answer(counts, acted="cancelled")
+
+
+def _bulk_answer(counts: BulkCounts, *, acted: str) -> dict[str, Any]:
+    return {
+        "dry_run": counts.dry_run,
+        "matched": counts.matched,
+        acted: counts.acted,
+        "skipped_status": counts.skipped_status,
+        "skipped_in_flight": counts.skipped_in_flight,
+    }
+
+
+@router.post("/v1/records/{record_id}/retry", responses=errors_doc(*ADMIN, 404, 409))
+def retry_record(
+    record_id: RecordId, rt: RuntimeDep, actor: AdminActor, body: RetryBody | None = None
+) -> dict[str, Any]:
+    """Put a `failed`, `dead` or `rejected` record back on its queue now: the record,
+    `enqueued` (or `deferred` when its queue is full). 409 when its status is another or
+    it is in flight."""
+    reason = body.reason if body else None
+    record = _actions(rt).retry(record_id, actor=actor, reason=reason, now=utcnow())
+    return record_view(record)
+
+
+@router.post("/v1/records/{record_id}/cancel", responses=errors_doc(*ADMIN, 404, 409))
+def cancel_record(
+    record_id: RecordId, body: CancelBody, rt: RuntimeDep, actor: AdminActor
+) -> dict[str, Any]:
+    """Cancel an unfinished record: the record, `cancelled` (final, never delivered). 409
+    when it is finished or in flight."""
+    record = _actions(rt).cancel(record_id, actor=actor, reason=body.reason, now=utcnow())
+    return record_view(record)
