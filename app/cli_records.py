@@ -1,4 +1,5 @@
-"""`pipeline records …`: find journal records by filter, retry them, cancel them."""
+"""`pipeline records …`: find journal records by filter, show one with its attempts, retry
+them, cancel them."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from rich.text import Text
 
 from app.cli_schedules import settings_for_command
 from app.clock import as_utc
+from app.journal.attempt_log import Attempt
 from app.journal.audit import MAX_REASON_LENGTH
 from app.journal.models import Record, RecordStatus, Source
 from app.journal.store import RecordFilter
@@ -261,3 +263,81 @@ def records_cancel(  # noqa: PLR0913 - one argument per option
     """Cancel unfinished records: final, never delivered (one by id, or by filter)."""
     where = _filter(locals())
     _act(record_id, where, cancel=True, dry_run=dry_run, reason=_reason(reason))
+
+
+@records_cli.command("show")
+def records_show(
+    record_id: Annotated[str, typer.Argument(help="The record's id.")],
+) -> None:
+    """Show a record and its attempts, oldest first. Exits 1 when there is no such record."""
+    from app.errors import RecordNotFound  # noqa: PLC0415
+    from app.journal import attempt_log, store  # noqa: PLC0415
+    from app.journal.engine import make_engine  # noqa: PLC0415
+    from app.journal.journal import Journal  # noqa: PLC0415
+
+    engine = make_engine(settings_for_command().database_url)
+    try:
+        with Journal(engine).reading() as conn:
+            record = store.get_record(conn, record_id)
+            history = attempt_log.history(conn, record_id) if record is not None else []
+    finally:
+        engine.dispose()
+    if record is None:
+        raise RecordNotFound(f"no record {record_id!r}")
+    console = Console()
+    console.print(_record_fields(record))
+    console.print(_attempts_table(history))
+
+
+def _iso(value: datetime | None) -> str:
+    return "-" if value is None else value.isoformat()
+
+
+def _record_fields(record: Record) -> Table:
+    """The record's fields, one a row (not its payload: `GET /v1/records/{id}` shows it).
+    Cells are plain `Text`, as in `_records_table`."""
+    table = Table("field", "value", title=f"record {record.id}")
+    rows = {
+        "line": record.line,
+        "business no": record.business_no,
+        "source": record.source.value,
+        "status": record.status.value,
+        "attempts": str(record.attempts),
+        "next attempt at": _iso(record.next_attempt_at),
+        "last error": record.last_error or "-",
+        "created at": _iso(record.created_at),
+        "updated at": _iso(record.updated_at),
+        "finished at": _iso(record.finished_at),
+    }
+    for name, value in rows.items():
+        table.add_row(name, Text(value))
+    return table
+
+
+def _attempts_table(history: list[Attempt]) -> Table:
+    """One row per attempt, oldest first; plain `Text` cells."""
+    table = Table(
+        "#",
+        "started",
+        "finished",
+        "worker",
+        "outcome",
+        "http",
+        "duration",
+        "error",
+        title="attempts" if history else "attempts: none yet",
+    )
+    for attempt in history:
+        error = f"{attempt.error_class}: {attempt.error_message}" if attempt.error_class else "-"
+        cells = (
+            str(attempt.attempt),
+            _iso(attempt.started_at),
+            _iso(attempt.finished_at),
+            f"{attempt.worker_host}:{attempt.worker_pid}",
+            attempt.outcome.value,
+            "-" if attempt.http_status is None else str(attempt.http_status),
+            f"{attempt.duration_ms} ms",
+            error,
+        )
+        table.add_row(*(Text(cell) for cell in cells))
+    return table

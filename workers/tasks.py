@@ -17,10 +17,10 @@ from celery.exceptions import Reject
 
 from app.celery_app import pipeline_settings
 from app.clock import utcnow
+from app.delivery.outcomes import AttemptResult
 from app.delivery.paused import hold_back
 from app.delivery.push import TASK_NAME
 from app.errors import JournalUnavailable
-from app.journal.models import RecordStatus
 from app.lines import Line
 from app.logs import get_logger
 from app.runtime import Runtime
@@ -47,10 +47,31 @@ def runtime_for(task: Task[Any, Any]) -> Runtime:
     return _runtime[1]
 
 
-@shared_task(name=TASK_NAME, bind=True, acks_late=True, reject_on_worker_lost=True)
+class AttemptFailed(Exception):
+    """An attempt of a record of the message failed: its outcome (`failed`, with its retry
+    due, or `dead`) is already committed in the journal, which owns the retry; or its
+    outcome was ignored, the record having been taken over by another attempt. Raised so
+    that Celery's task events, and Flower, show the task as failed, with the error; the
+    message is acked all the same (`acks_on_failure_or_timeout`), never requeued or
+    retried by Celery, and the worker logs it as expected (`throws`), without a traceback."""
+
+
+# How much of the failed records' errors the task's exception carries (Flower shows it).
+MAX_FAILURE_TEXT = 2000
+
+
+@shared_task(
+    name=TASK_NAME,
+    bind=True,
+    acks_late=True,
+    reject_on_worker_lost=True,
+    acks_on_failure_or_timeout=True,
+    throws=(AttemptFailed,),
+)
 def process(self: Task[Any, Any], record_ids: str | list[str]) -> str | list[str | None] | None:
     """Run one attempt of each record of the message: one id, or a batch of them (a line's
     `batch_size`). Returns each record's new status, or None where there was nothing to run.
+    Raises `AttemptFailed`, once every outcome is committed, when an attempt failed.
 
     A message of a paused line starts no attempt: its records wait in the journal
     (`app.delivery.paused.hold_back`) and it is acked.
@@ -70,20 +91,36 @@ def process(self: Task[Any, Any], record_ids: str | list[str]) -> str | list[str
             # message is acked; the sweeper pushes them after the resume.
             held = hold_back(rt.journal, ids, now=utcnow())
             log.info("records_held_line_paused", line=line.name, record_ids=ids[:10], held=held)
-            found: list[RecordStatus | None] = [None] * len(ids)
+            found = [AttemptResult(record_id=record_id) for record_id in ids]
         elif len(ids) > 1 and line is not None and line.table_sink:
-            found = rt.runner.run_table_sink_batch(ids, clock=utcnow, rng=_rng)
+            found = rt.runner.attempt_batch(ids, clock=utcnow, rng=_rng)
         else:
             found = [
-                rt.runner.run_record(record_id, clock=utcnow, rng=_rng, line=line)
-                for record_id in ids
+                rt.runner.attempt(record_id, clock=utcnow, rng=_rng, line=line) for record_id in ids
             ]
     except JournalUnavailable as exc:
         log.warning("journal_unavailable_requeued", record_ids=ids[:10], error=str(exc))
         time.sleep(JOURNAL_RETRY_PAUSE_S)
         raise Reject(str(exc), requeue=True) from exc
-    statuses = [status.value if status else None for status in found]
+    failed = [result for result in found if result.failed]
+    if failed:
+        raise AttemptFailed("; ".join(_failure(result) for result in failed)[:MAX_FAILURE_TEXT])
+    statuses = [result.status.value if result.status else None for result in found]
     return statuses[0] if isinstance(record_ids, str) else statuses
+
+
+def _failure(result: AttemptResult) -> str:
+    """One failed attempt, as the task's error shows it: which record, which attempt, what
+    became of the record, and the error."""
+    record = result.record
+    if record is None:  # a failure is always of a record that was claimed
+        return f"record {result.record_id}: {result.error}"
+    became = result.status.value if result.status else "outcome ignored (lease lost)"
+    outcome = result.outcome.value if result.outcome else "-"
+    return (
+        f"{record.line} {record.business_no} (record {record.id}) attempt {record.attempts} "
+        f"{outcome}, record {became}: {result.error}"
+    )
 
 
 def _queue_line(rt: Runtime, delivery_info: Mapping[str, object] | None) -> Line | None:

@@ -102,7 +102,7 @@ class PushResult:
 @functools.lru_cache(maxsize=256)
 def _template(queue: str, origin: str, task: str) -> str:
     """The JSON text of `build_message`'s message with a placeholder for each per-record
-    part (body, id, argsrepr, delivery tag)."""
+    part (body, id, argsrepr, kwargsrepr, delivery tag)."""
     message = {
         "body": "\x00BODY\x00",
         "content-encoding": "utf-8",
@@ -121,7 +121,7 @@ def _template(queue: str, origin: str, task: str) -> str:
             "root_id": "\x00ID\x00",
             "parent_id": None,
             "argsrepr": "\x00ARGSREPR\x00",
-            "kwargsrepr": "{}",
+            "kwargsrepr": "\x00KWARGSREPR\x00",
             "origin": origin,
             "ignore_result": True,
             "replaced_task_nesting": 0,
@@ -146,17 +146,28 @@ _PLACEHOLDER = "\\u0000"
 
 
 def build_message(
-    record_ids: str | Sequence[str], *, queue: str, origin: str, task: str = TASK_NAME
+    record_ids: str | Sequence[str],
+    *,
+    queue: str,
+    origin: str,
+    task: str = TASK_NAME,
+    business_nos: str | Sequence[str] | None = None,
 ) -> bytes:
     """The Celery task message for one record id, or for a batch of them, as kombu's Redis
     transport stores it (task protocol 2, JSON). The task's argument is the id, or the list
     of ids; its task id is the (first) record's id. Built from a template made once per
-    (queue, origin, task)."""
+    (queue, origin, task).
+
+    Its `kwargsrepr` (what Celery's task events, and so Flower, show as the task's keyword
+    arguments; the task takes none) names the line and the records' business numbers
+    (`business_nos`, one per id, when given), so that Flower's task list finds a task by
+    them: `kwargs:business_no=B-1`."""
     arg = record_ids if isinstance(record_ids, str) else list(record_ids)
     values = {
         "BODY": '"' + base64.b64encode(f"[[{json.dumps(arg)}]{_BODY_TAIL}".encode()).decode() + '"',
         "ID": json.dumps(record_ids if isinstance(record_ids, str) else record_ids[0]),
         "ARGSREPR": json.dumps(repr([arg])),
+        "KWARGSREPR": json.dumps(labels_repr(queue, business_nos)),
         "TAG": f'"{_delivery_tag()}"',
     }
     texts, names = _template_parts(queue, origin, task)
@@ -164,6 +175,31 @@ def build_message(
     for name, text in zip(names, texts[1:], strict=True):
         out += (values[name], text)
     return "".join(out).encode()
+
+
+# The longest list of business numbers a message's kwargsrepr carries, in characters
+# (Celery cuts the argsrepr it writes itself at 1024: `app.amqp.argsrepr_maxsize`).
+MAX_LABELS_REPR = 1024
+
+
+def labels_repr(line: str, business_nos: str | Sequence[str] | None) -> str:
+    """A message's kwargsrepr: `{'line': …, 'business_no': …}` (a list of them for a batch,
+    cut to `MAX_LABELS_REPR` characters, with the count left out as `more`)."""
+    if business_nos is None:
+        return repr({"line": line})
+    if isinstance(business_nos, str):
+        return repr({"line": line, "business_no": business_nos})
+    kept: list[str] = []
+    size = 0
+    for business_no in business_nos:
+        size += len(business_no) + 4  # its quotes, comma and space
+        if size > MAX_LABELS_REPR:
+            break
+        kept.append(business_no)
+    labels: dict[str, object] = {"line": line, "business_no": kept}
+    if len(kept) < len(business_nos):
+        labels["more"] = len(business_nos) - len(kept)
+    return repr(labels)
 
 
 @functools.lru_cache(maxsize=256)
@@ -202,7 +238,7 @@ def _body_ids(body: bytes) -> list[str]:
 
 def batches(record_ids: Sequence[str], size: int) -> list[str | list[str]]:
     """`record_ids` in order, as message arguments: each id alone when `size` is 1, else
-    lists of up to `size` ids."""
+    lists of up to `size` ids. (Any sequence is cut the same way: business numbers too.)"""
     if size <= 1:
         return list(record_ids)
     return [list(record_ids[i : i + size]) for i in range(0, len(record_ids), size)]
@@ -228,6 +264,7 @@ class Pusher:
         batch_size: int = 1,
         behind: bool = False,
         keeps_left: bool = False,
+        business_nos: Sequence[str] | None = None,
     ) -> PushResult:
         """Push the messages of `record_ids` onto `queue` while it holds fewer than
         `max_length` messages, `batch_size` records to a message. `pushed` counts records.
@@ -236,12 +273,23 @@ class Pusher:
         journal. `keeps_left`: the caller keeps what is not pushed in the journal, to be
         pushed later (`deferred`, `failed`): newer records then wait behind it, and the
         caller gives `leaving` to `self.waiting.left_kept` once its journal says so.
+        `business_nos`: the records' business numbers, in the order of `record_ids`, which
+        each message names beside its line (see `build_message`).
 
         Raises `BrokerUnavailable` when Redis cannot be reached."""
         if not record_ids:
             return PushResult(pushed=0, depth=self.depth(queue), epoch=self.epoch())
         args = batches(record_ids, batch_size)
-        messages = [build_message(arg, queue=queue, origin=self._origin) for arg in args]
+        labels = batches(business_nos, batch_size) if business_nos is not None else None
+        messages = [
+            build_message(
+                arg,
+                queue=queue,
+                origin=self._origin,
+                business_nos=labels[n] if labels is not None else None,
+            )
+            for n, arg in enumerate(args)
+        ]
         token = uuid.uuid4().hex if keeps_left else ""
         try:
             pushed, depth, epoch, waiting = self._script(

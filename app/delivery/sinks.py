@@ -119,11 +119,12 @@ def deliver_http(
     url: str,
     delivered: DeliveredStatuses,
     timeout_s: float,
-) -> None:
+) -> int:
     """POST `record` to `url`, with `Idempotency-Key: <id>` and `X-Attempt: <attempt
-    number>` (a downstream sees a repeat as a later attempt). Raises `DeliveryFailed`
-    unless the answer's status code is in `delivered`, or when none came within
-    `timeout_s` (per phase: connect, send, read)."""
+    number>` (a downstream sees a repeat as a later attempt). Returns the answer's status
+    code. Raises `DeliveryFailed` (with the `http_status` of the answer, if any) unless
+    that code is in `delivered`, or when none came within `timeout_s` (per phase:
+    connect, send, read)."""
     body = {
         "id": record.id,
         "line": record.line,
@@ -136,7 +137,10 @@ def deliver_http(
     except httpx.HTTPError as exc:
         raise DeliveryFailed(f"POST {shown}: {type(exc).__name__}") from exc
     if response.status_code not in delivered:
-        raise DeliveryFailed(f"POST {shown}: HTTP {response.status_code}")
+        raise DeliveryFailed(
+            f"POST {shown}: HTTP {response.status_code}", http_status=response.status_code
+        )
+    return response.status_code
 
 
 def _headers(record: Record) -> dict[str, str]:

@@ -37,7 +37,7 @@ from app.intake.errors import count_outcomes
 from app.intake.pacing import Pacer
 from app.intake.signing import MAX_NONCE_LENGTH, Caller, verify
 from app.intake.views import line_status_view, record_view
-from app.journal import store
+from app.journal import attempt_log, store
 from app.journal.models import RecordStatus, Source
 from app.journal.store import NewRecord
 from app.observe.metrics import CONTENT_TYPE, render
@@ -249,11 +249,13 @@ def status_page() -> HTMLResponse:
 def get_record(
     record_id: Annotated[str, Path(max_length=128, pattern=r"^[^\x00]*$")], rt: RuntimeDep
 ) -> dict[str, Any]:
+    """The record, with its attempts (`attempt_history`, oldest first)."""
     with rt.journal.reading() as conn:
         record = store.get_record(conn, record_id)
+        history = attempt_log.history(conn, record_id) if record is not None else []
     if record is None:
         raise RecordNotFound(f"no record {record_id!r}")
-    return record_view(record)
+    return record_view(record, history)
 
 
 class ReplayRequest(BaseModel):

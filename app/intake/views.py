@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
+from app.journal.attempt_log import Attempt
 from app.journal.models import Record
 from app.observe.line_view import LineStatus
 
 
-def record_view(record: Record) -> dict[str, Any]:
-    """A record as `GET /v1/records…` shows it: times in ISO 8601 UTC."""
-    return {
+def record_view(record: Record, history: Sequence[Attempt] | None = None) -> dict[str, Any]:
+    """A record as `GET /v1/records…` shows it: times in ISO 8601 UTC. With `history`
+    (the record's attempts, oldest first), it shows them as `attempt_history`; `attempts`
+    stays their count."""
+    view: dict[str, Any] = {
         "id": record.id,
         "line": record.line,
         "business_no": record.business_no,
@@ -23,7 +27,11 @@ def record_view(record: Record) -> dict[str, Any]:
         "created_at": record.created_at.isoformat(),
         "updated_at": record.updated_at.isoformat(),
         "finished_at": record.finished_at.isoformat() if record.finished_at else None,
+        "next_attempt_at": record.next_attempt_at.isoformat() if record.next_attempt_at else None,
     }
+    if history is not None:
+        view["attempt_history"] = [attempt.public() for attempt in history]
+    return view
 
 
 def line_status_view(row: LineStatus) -> dict[str, object]:

@@ -30,6 +30,13 @@ def new_owner() -> str:
     return f"{socket.gethostname()[:100]}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
+def worker_of(owner: str) -> tuple[str, int]:
+    """The (host, pid) of the process whose attempts `owner` (made by `new_owner()`)
+    names."""
+    host, pid, _nonce = owner.rsplit(":", 2)
+    return host, int(pid)
+
+
 def _lease_values(lease_s: Any) -> dict[str, Any]:
     return {
         "attempts": records.c.attempts + 1,

@@ -191,6 +191,29 @@ audit_log = Table(
 )
 
 
+# One row per attempt of a record (`app.journal.attempt_log`), written with the attempt's
+# outcome; a replay or a retry keeps them, retention deletes them with their record. The
+# attempt number restarts after a replay, so the row has an id of its own.
+record_attempts = Table(
+    "record_attempts",
+    metadata,
+    Column("id", String(26), primary_key=True),
+    Column("record_id", String(26), nullable=False),
+    Column("attempt", Integer, nullable=False),
+    Column("started_at", UtcDateTime, nullable=False),
+    Column("finished_at", UtcDateTime, nullable=False),
+    Column("worker_host", String(100), nullable=False),
+    Column("worker_pid", Integer, nullable=False),
+    Column("outcome", String(16), nullable=False),
+    Column("http_status", Integer, nullable=True),
+    Column("error_class", String(128), nullable=True),
+    Column("error_message", Text, nullable=True),
+    Column("duration_ms", Integer, nullable=False),
+    # A record's attempts, in the order they were written.
+    Index(None, "record_id", "id"),
+)
+
+
 # The lines paused by an operator: a row while the line is paused (`app.journal.pauses`).
 line_pauses = Table(
     "line_pauses",

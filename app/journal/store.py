@@ -30,7 +30,15 @@ from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.functions import FunctionElement
 
 from app.journal.guards import guard
-from app.journal.models import UNFINISHED, Record, RecordStatus, Source, records, replays
+from app.journal.models import (
+    UNFINISHED,
+    Record,
+    RecordStatus,
+    Source,
+    record_attempts,
+    records,
+    replays,
+)
 from app.journal.transitions import TRANSITIONS, Event
 
 
@@ -342,8 +350,9 @@ def finish_replay(
 
 
 def delete_done_before(conn: Connection, *, before: datetime, limit: int) -> int:
-    """Delete the `limit` oldest `done` records finished before `before`. Never an
-    unfinished one (nor one moved out of `done` meanwhile). Returns how many.
+    """Delete the `limit` oldest `done` records finished before `before`, and their
+    attempts. Never an unfinished one (nor one moved out of `done` meanwhile). Returns how
+    many records.
 
     The expired records are found through the (status, finished_at) index, in its order,
     then deleted by id through the primary key: a batch reads only the rows it deletes.
@@ -367,7 +376,16 @@ def delete_done_before(conn: Connection, *, before: datetime, limit: int) -> int
             among(conn, records.c.id, ids), unindexed_status == RecordStatus.DONE.value
         )
     )
-    return result.rowcount
+    deleted: int = result.rowcount
+    if deleted < len(ids):
+        # One left `done` meanwhile (a replay took it): it keeps its attempts.
+        left = set(
+            conn.execute(select(records.c.id).where(among(conn, records.c.id, ids))).scalars()
+        )
+        ids = [i for i in ids if i not in left]
+    # Their attempts go with them, in this transaction.
+    conn.execute(delete(record_attempts).where(among(conn, record_attempts.c.record_id, ids)))
+    return deleted
 
 
 def counts_by_status(conn: Connection, *, line: str | None = None) -> dict[str, dict[str, int]]:

@@ -107,7 +107,7 @@ class RecordActions:
             if not claimed:
                 raise _refusal(record, Event.RETRIED)
             _write_audit(conn, Event.RETRIED, record, actor=actor, reason=reason, now=now)
-        self._push(line, [record_id], now=now)
+        self._push(line, [record_id], now=now, business_nos=[record.business_no])
         with self.journal.reading() as conn:
             return _found(store.get_record(conn, record_id), record_id)
 
@@ -201,6 +201,7 @@ class RecordActions:
 
     def _retry_page(self, page: list[RecordKey], counts: BulkCounts, *, now: datetime) -> None:
         known = set(self.lines.names())
+        numbers = {key.id: key.business_no for key in page}
         by_line: dict[str, list[str]] = {}
         for key in page:
             if key.line in known:
@@ -213,20 +214,27 @@ class RecordActions:
             claimed = [rid for rid in ids if rid in ours]  # oldest first, as the page goes
             counts.acted += len(claimed)
             counts.skipped_in_flight += len(ids) - len(claimed)
-            enqueued, deferred = self._push(self.lines.get(name), claimed, now=now)
+            business_nos = [numbers[rid] for rid in claimed]
+            enqueued, deferred = self._push(
+                self.lines.get(name), claimed, now=now, business_nos=business_nos
+            )
             counts.enqueued += enqueued
             counts.deferred += deferred
 
-    def _push(self, line: Line, claimed: list[str], *, now: datetime) -> tuple[int, int]:
+    def _push(
+        self, line: Line, claimed: list[str], *, now: datetime, business_nos: list[str]
+    ) -> tuple[int, int]:
         """Push records claimed for a retry (`enqueued`, no epoch) onto their line's queue
-        within its bound; what does not fit, or everything when Redis is down, waits
-        `deferred` for the sweeper. Returns how many were pushed and deferred."""
+        within its bound (each message names their `business_nos`); what does not fit, or
+        everything when Redis is down, waits `deferred` for the sweeper. Returns how many
+        were pushed and deferred."""
         if not claimed:
             return 0, 0
         try:
             outcome = self.pusher.push(
                 line.queue,
                 claimed,
+                business_nos=business_nos,
                 max_length=line.settings.max_queue_length,
                 batch_size=line.batch_size,
                 keeps_left=True,

@@ -289,6 +289,7 @@ class Replayer:
             outcome = self.pusher.push(
                 line.queue,
                 [r.id for r in ours],
+                business_nos=[r.business_no for r in ours],
                 max_length=line.settings.max_queue_length,
                 batch_size=line.batch_size,
                 keeps_left=True,

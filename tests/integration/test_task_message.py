@@ -21,6 +21,10 @@ QUEUE = "order"
 ARGUMENTS = [pytest.param(["01ONE"], id="one-record"), pytest.param(["01ONE", "01TWO"], id="batch")]
 
 
+def _business_nos(ids: list[str]) -> list[str]:
+    return [f"B-{record_id}" for record_id in ids]
+
+
 @pytest.fixture
 def celery(redis_url: str) -> Any:
     app = create_celery(load_settings(redis_url=redis_url))
@@ -39,7 +43,9 @@ def client(redis_url: str) -> Any:
 
 def _push_ours(client: Any, ids: list[str]) -> dict[str, Any]:
     """Push `ids` as one message the way the intake does; the message as Redis holds it."""
-    pushed = Pusher(client).push(QUEUE, ids, max_length=10, batch_size=len(ids))
+    pushed = Pusher(client).push(
+        QUEUE, ids, max_length=10, batch_size=len(ids), business_nos=_business_nos(ids)
+    )
     assert pushed.pushed == len(ids)
     [raw] = client.lrange(QUEUE, 0, -1)
     client.delete(QUEUE)
@@ -51,6 +57,7 @@ def _push_ours(client: Any, ids: list[str]) -> dict[str, Any]:
 def test_celerys_publisher_writes_the_message_we_push_but_for_its_delivery_tag(celery, client, ids):
     ours = _push_ours(client, ids)
     arg = ids[0] if len(ids) == 1 else ids
+    business_nos = _business_nos(ids)
     task = celery.tasks[TASK_NAME]
     message = celery.amqp.as_task_v2(
         ids[0],
@@ -59,6 +66,11 @@ def test_celerys_publisher_writes_the_message_we_push_but_for_its_delivery_tag(c
         kwargs={},
         origin=ours["headers"]["origin"],
         ignore_result=task.ignore_result,
+        # What we give Celery's publisher to show in task events (Flower): the line and
+        # the records' business numbers.
+        kwargsrepr=repr(
+            {"line": QUEUE, "business_no": business_nos[0] if len(ids) == 1 else business_nos}
+        ),
     )
     with celery.producer_or_acquire() as producer:
         celery.amqp.send_task_message(producer, TASK_NAME, message, queue=QUEUE)

@@ -52,3 +52,27 @@ def _log_run(path: str, line: str) -> None:
         os.write(fd, (line + "\n").encode())
     finally:
         os.close(fd)
+
+
+# The lease owner `taken_over` writes: another process's attempt.
+TAKEOVER_OWNER = "elsewhere:1:takeover"
+
+
+def taken_over(record: Record) -> None:
+    """Runs while another attempt takes the record over, as if this one's lease had expired
+    meanwhile: that attempt counts itself and holds the lease when this one reports back."""
+    from sqlalchemy import update  # noqa: PLC0415 - only this handler writes the journal
+
+    from app.journal.engine import make_engine  # noqa: PLC0415
+    from app.journal.models import records  # noqa: PLC0415
+
+    engine = make_engine(os.environ["PIPELINE_DATABASE_URL"])
+    try:
+        with engine.begin() as conn:
+            conn.execute(
+                update(records)
+                .where(records.c.id == record.id)
+                .values(attempts=records.c.attempts + 1, lease_owner=TAKEOVER_OWNER)
+            )
+    finally:
+        engine.dispose()

@@ -27,6 +27,8 @@ from workers import tasks
 ORIGIN = "4242@worker-host"
 QUEUE = "order"
 ARGUMENTS = [pytest.param("01ONE", id="one-record"), pytest.param(["01ONE", "01TWO"], id="batch")]
+# The business numbers of those records, which the message names beside its line.
+BUSINESS_NOS = {"01ONE": "B-1", "01TWO": "B-2"}
 
 
 @pytest.fixture(scope="module")
@@ -41,8 +43,14 @@ def _first_id(arg: str | list[str]) -> str:
     return arg if isinstance(arg, str) else arg[0]
 
 
+def _business_nos(arg: str | list[str]) -> str | list[str]:
+    return BUSINESS_NOS[arg] if isinstance(arg, str) else [BUSINESS_NOS[i] for i in arg]
+
+
 def _celerys(celery: Any, arg: str | list[str]) -> Any:
-    """Celery's own protocol-2 message for the pipeline's task called with `arg`."""
+    """Celery's own protocol-2 message for the pipeline's task called with `arg`, with the
+    kwargsrepr we give it (as `apply_async(kwargsrepr=...)` would): the line and the
+    business numbers, for Flower."""
     task = celery.tasks[TASK_NAME]
     return celery.amqp.as_task_v2(
         _first_id(arg),
@@ -51,11 +59,13 @@ def _celerys(celery: Any, arg: str | list[str]) -> Any:
         kwargs={},
         origin=ORIGIN,
         ignore_result=task.ignore_result,
+        kwargsrepr=repr({"line": QUEUE, "business_no": _business_nos(arg)}),
     )
 
 
 def _ours(arg: str | list[str]) -> dict[str, Any]:
-    message: dict[str, Any] = json.loads(build_message(arg, queue=QUEUE, origin=ORIGIN))
+    raw = build_message(arg, queue=QUEUE, origin=ORIGIN, business_nos=_business_nos(arg))
+    message: dict[str, Any] = json.loads(raw)
     return message
 
 
