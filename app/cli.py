@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from datetime import datetime
@@ -15,13 +14,14 @@ from rich.table import Table
 from sqlalchemy.exc import SQLAlchemyError
 
 from app.cli_audit import audit
+from app.cli_bench import bench
 from app.cli_lines import add_line_commands
 from app.cli_records import records_cli
 from app.cli_schedules import schedules_cli, settings_for_command
 from app.clock import as_utc
 from app.errors import AdminNotConfigured, ConfigError, PipelineError
 from app.journal.models import RecordStatus
-from app.logs import configure_logging, get_logger
+from app.logs import get_logger
 from app.settings import Settings
 
 log = get_logger(__name__)
@@ -37,6 +37,7 @@ cli.add_typer(db_cli, name="db")
 cli.add_typer(schedules_cli, name="schedules")
 cli.add_typer(records_cli, name="records")
 cli.command()(audit)
+cli.command()(bench)
 add_line_commands(cli)
 
 
@@ -205,62 +206,6 @@ def flower(
     # Through the environment, not argv: `ps` shows a command line to every user.
     os.environ["FLOWER_BASIC_AUTH"] = credentials
     create_celery(settings).start(flower_argv(settings, host=host, port=port))
-
-
-@cli.command()
-def bench(
-    quick: Annotated[bool, typer.Option("--quick", help="A smoke run, under a minute.")] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the figures as JSON.")] = False,
-    redis_url: Annotated[
-        str | None,
-        typer.Option(help="Use this Redis (its database is flushed); default: start one."),
-    ] = None,
-    database_url: Annotated[
-        str | None,
-        typer.Option(help="Use this journal (its tables are emptied); default: a new SQLite."),
-    ] = None,
-    save: Annotated[
-        Path | None, typer.Option(help="Also write the figures to this file, as JSON.")
-    ] = None,
-    no_wrk: Annotated[
-        bool, typer.Option("--no-wrk", help="The built-in load generator even if wrk is here.")
-    ] = False,
-    scenario: Annotated[
-        list[str] | None,
-        typer.Option(help="Run only this scenario (repeat for several); default: all."),
-    ] = None,
-) -> None:
-    """Measure the pipeline beside its references, in one run."""
-    import tempfile  # noqa: PLC0415
-
-    from app.bench.report import print_table  # noqa: PLC0415
-    from app.bench.run import SCENARIOS, run_bench  # noqa: PLC0415
-
-    unknown = sorted(set(scenario or ()) - set(SCENARIOS))
-    if unknown:
-        raise typer.BadParameter(
-            f"no such scenario: {', '.join(unknown)} (scenarios: {', '.join(SCENARIOS)})",
-            param_hint="--scenario",
-        )
-
-    configure_logging(json=False, level="ERROR")  # the figures own stdout
-    console = Console(stderr=True)
-    with tempfile.TemporaryDirectory(prefix="pipeline-bench-") as workdir:
-        figures = run_bench(
-            quick=quick,
-            redis_url=redis_url,
-            database_url=database_url,
-            workdir=Path(workdir),
-            progress=lambda message: console.print(f"[dim]bench[/dim] {message}"),
-            plain_load=no_wrk,
-            scenarios=tuple(scenario) if scenario else SCENARIOS,
-        )
-    if save is not None:
-        save.write_text(json.dumps(figures, indent=2) + "\n")
-    if as_json:
-        print(json.dumps(figures, indent=2))
-    else:
-        print_table(figures, Console())
 
 
 @cli.command()

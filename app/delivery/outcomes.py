@@ -14,6 +14,9 @@ from app.journal.attempt_log import Attempt, Outcome, new_attempt
 from app.journal.attempts import why_not_claimed, worker_of
 from app.journal.models import Record, RecordStatus
 from app.logs import get_logger
+from app.observe.alerts import Alerter
+from app.observe.events import Event
+from app.observe.telemetry import Counter, Telemetry
 
 log = get_logger(__name__)
 
@@ -98,4 +101,20 @@ def log_lease_lost(record: Record, *, outcome: RecordStatus) -> None:
         line=record.line,
         attempt=record.attempts,
         outcome=outcome.value,
+    )
+
+
+def report_dead(record: Record, error: str, *, telemetry: Telemetry, alerts: Alerter) -> None:
+    """Count, log and alert (`TASK_DEAD`) a record that used up its attempts."""
+    telemetry.count(Counter.DEAD, line=record.line)
+    log.error("record_dead", record_id=record.id, line=record.line, attempts=record.attempts)
+    alerts.raise_event(
+        Event.TASK_DEAD,
+        line=record.line,
+        message=f"record {record.id} ({record.business_no}) is dead after "
+        f"{record.attempts} attempts",
+        record_id=record.id,
+        business_no=record.business_no,
+        attempts=record.attempts,
+        error=error[:500],
     )

@@ -22,6 +22,7 @@ from app.delivery.outcomes import (
     http_status_of,
     log_lease_lost,
     log_skipped,
+    report_dead,
 )
 from app.delivery.sinks import deliver_http, write_table_sink
 from app.errors import ConfigError, JournalUnavailable
@@ -32,7 +33,6 @@ from app.journal.models import Record, RecordStatus
 from app.lines import Line, LineRegistry
 from app.logs import get_logger
 from app.observe.alerts import Alerter
-from app.observe.events import Event
 from app.observe.telemetry import Counter, Telemetry
 from app.sink_settings import SinkKind
 
@@ -351,7 +351,7 @@ class AttemptRunner:
             )
         elif decision.dead:
             status = RecordStatus.DEAD
-            self._report_dead(record, error)
+            report_dead(record, error, telemetry=self.telemetry, alerts=self.alerts)
         else:
             status = RecordStatus.FAILED
             self.telemetry.count(Counter.FAILED, line=record.line)
@@ -365,20 +365,6 @@ class AttemptRunner:
             )
         return AttemptResult(
             record_id=record.id, record=record, status=status, outcome=outcome, error=error
-        )
-
-    def _report_dead(self, record: Record, error: str) -> None:
-        self.telemetry.count(Counter.DEAD, line=record.line)
-        log.error("record_dead", record_id=record.id, line=record.line, attempts=record.attempts)
-        self.alerts.raise_event(
-            Event.TASK_DEAD,
-            line=record.line,
-            message=f"record {record.id} ({record.business_no}) is dead after "
-            f"{record.attempts} attempts",
-            record_id=record.id,
-            business_no=record.business_no,
-            attempts=record.attempts,
-            error=error[:500],
         )
 
 

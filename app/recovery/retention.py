@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from app.journal import store
+from app.journal import expiry
 from app.journal.journal import Journal
 from app.logs import get_logger
 
@@ -69,7 +69,7 @@ class Retention:
         while (max_batches is None or batches < max_batches) and go_on():
             began_s = self.clock()
             with self.journal.transaction("retention") as conn:
-                batch = store.delete_done_before(conn, before=before, limit=self.batch_size)
+                batch = expiry.delete_done_before(conn, before=before, limit=self.batch_size)
             deleted += batch
             batches += 1
             if batch < self.batch_size:

@@ -19,7 +19,7 @@ from app.delivery.accept import Acceptance
 from app.delivery.push import TASK_NAME
 from app.errors import UnboundedPublish
 from app.ids import new_id
-from app.journal import attempts, claims, store
+from app.journal import attempts, claims, expiry, store
 from app.journal import engine as journal_engine
 from app.journal.engine import make_engine
 from app.journal.models import RecordStatus, Source
@@ -231,7 +231,7 @@ def test_statements_that_pick_records_by_id_go_through_the_primary_key_on_sqlite
             store.move(conn, ids, TransitionEvent.DEFERRED, now=now)
             store.mark_enqueued(conn, ids, epoch="e", now=now)
             claims.set_epoch(conn, ids, epoch="e")
-            store.delete_done_before(conn, before=now, limit=10)
+            expiry.delete_done_before(conn, before=now, limit=10)
             claimed = attempts.claim_attempts(conn, ids, owner="o", lease_s=60, now=now)
             attempts.mark_done_all(conn, claimed, owner="o", now=now)
             attempts.claim_done(conn, ids[0], line="order", max_attempts=8, now=now)
