@@ -214,3 +214,33 @@ def test_a_pause_holds_through_restarts_and_a_resume_delivers_in_journal_order(h
     # What waited while paused starts in journal order, and nothing new overtakes it.
     resumed_order = [i for i in started if i in waiting or i in after]
     assert resumed_order == [*waiting, *sorted(after)]
+
+
+def test_a_paused_line_takes_in_records_and_two_workers_deliver_none_until_resumed(
+    harness, tmp_path
+):
+    log = use_runs_log(harness, tmp_path)
+    harness.configure(sweep_interval_seconds="0.3")
+    client = harness.start_intake()
+    harness.start_worker("order")
+    harness.start_worker("order")
+    harness.start_beat()
+    assert client.post("/v1/lines/order/pause").status_code == 200
+    paused_at = time.time()
+    answers = [
+        client.post("/v1/order", json={"business_no": f"T-{n}", "sleep_s": 0.01}).json()
+        for n in range(20)
+    ]
+    assert {a["status"] for a in answers} == {"deferred"}
+    # Two processes, each past a pause's 2 s to take hold: neither starts an attempt.
+    time.sleep(TAKES_HOLD_S + 1.0)
+    assert runs_by_record(log) == {}
+    assert {r.status for r in harness.records()} == {RecordStatus.DEFERRED}
+    assert time.time() - paused_at >= TAKES_HOLD_S
+    assert client.post("/v1/lines/order/resume").status_code == 200
+    final = harness.wait_until_final({a["id"] for a in answers}, timeout_s=60)
+    assert {r.status for r in final.values()} == {RecordStatus.DONE}
+    runs = runs_by_record(log)
+    assert set(runs) == {a["id"] for a in answers}
+    assert {len(spans) for spans in runs.values()} == {1}, "a record ran twice"
+    assert len({pid for spans in runs.values() for (_s, _e, pid) in spans}) == 2

@@ -245,3 +245,25 @@ def test_a_dead_or_rejected_record_may_be_cancelled_and_a_done_one_may_not(harne
     assert refused.status_code == 409
     assert refused.json()["error"]["code"] == "record_status_conflict"
     assert {row.target for row in audit_rows(rt)} == {f"record:{dead}", f"record:{rejected}"}
+
+
+def test_a_bulk_cancel_of_100_dead_records_cancels_them_all_with_one_audit_row(harness):
+    harness.configure(admin_tokens='{"alice": "alice-token-of-24-bytes"}')
+    rt = harness.runtime()
+    dead = journal_records(
+        rt, [{"business_no": f"X-{n}"} for n in range(100)], line="order", status=RecordStatus.DEAD
+    )
+    client = harness.start_intake()
+    answer = client.post(
+        "/v1/records/cancel",
+        json={"status": ["dead"], "line": "order", "reason": "customer closed the account"},
+        headers={"authorization": "Bearer alice-token-of-24-bytes"},
+    )
+    assert answer.status_code == 200, answer.text
+    assert (answer.json()["matched"], answer.json()["cancelled"]) == (100, 100)
+    statuses = {r.id: r.status for r in harness.records()}
+    assert {statuses[rid] for rid in dead} == {RecordStatus.CANCELLED}
+    (row,) = audit_rows(rt)
+    assert (row.actor, row.action, row.target) == ("alice", audit.Action.CANCEL, "line:order")
+    assert row.reason == "customer closed the account"
+    assert (row.result or {})["acted"] == 100
