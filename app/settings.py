@@ -16,6 +16,7 @@ from pydantic import (
     Field,
     SecretStr,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -47,8 +48,12 @@ BRPOP_TIMEOUT_S = 1
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024
 
 
-# An admin token's name is its actor in the audit log.
-MAX_ACTOR_NAME_LENGTH = 64
+# An admin token's name is its actor in the audit log: letters, digits and `._@-`, so it
+# cannot pass for `cli:<user>` (a command-line user) or carry spaces or markup; `dev` is
+# the dev mode's actor and `admin` the single token's.
+ACTOR_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,63}$")
+RESERVED_ACTORS = ("dev",)
+SINGLE_TOKEN_ACTOR = "admin"  # noqa: S105 - an actor name, not a secret
 
 
 class Overflow(StrEnum):
@@ -286,18 +291,42 @@ class Settings(BaseSettings):
                 )
         return value
 
+    @field_validator("admin_token")
+    @classmethod
+    def _long_token(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and len(value.get_secret_value().encode()) < MIN_SECRET_BYTES:
+            raise ValueError(f"the token is shorter than {MIN_SECRET_BYTES} bytes")
+        return value
+
     @field_validator("admin_tokens")
     @classmethod
-    def _named_tokens(cls, value: dict[str, SecretStr]) -> dict[str, SecretStr]:
+    def _named_tokens(
+        cls, value: dict[str, SecretStr], info: ValidationInfo
+    ) -> dict[str, SecretStr]:
         # Named by their name, never by token (the message is printed).
+        single = info.data.get("admin_token")
+        by_token: dict[str, str] = {}
+        if single is not None:
+            by_token[single.get_secret_value()] = SINGLE_TOKEN_ACTOR
         for name, token in value.items():
-            if not name or len(name) > MAX_ACTOR_NAME_LENGTH or not name.isprintable():
+            if not ACTOR_NAME.match(name) or name in RESERVED_ACTORS:
                 raise ValueError(
-                    f"admin token name {name!r} must be 1 to {MAX_ACTOR_NAME_LENGTH} "
-                    "printable characters"
+                    f"admin token name {name!r} must be 1 to 64 letters, digits or '._@-', "
+                    f"starting with a letter or digit, and not {', '.join(RESERVED_ACTORS)}"
                 )
-            if len(token.get_secret_value().encode()) < MIN_SECRET_BYTES:
+            if name == SINGLE_TOKEN_ACTOR and single is not None:
+                raise ValueError(
+                    f"{name!r} is the actor of PIPELINE_ADMIN_TOKEN: name this token otherwise"
+                )
+            secret = token.get_secret_value()
+            if len(secret.encode()) < MIN_SECRET_BYTES:
                 raise ValueError(f"the token of {name!r} is shorter than {MIN_SECRET_BYTES} bytes")
+            if secret in by_token:
+                raise ValueError(
+                    f"{by_token[secret]!r} and {name!r} have the same token: "
+                    "which of them acted could not be told"
+                )
+            by_token[secret] = name
         return value
 
     @property
@@ -305,7 +334,7 @@ class Settings(BaseSettings):
         """Every admin token, by the actor it names (the single token is `admin`)."""
         actors = dict(self.admin_tokens)
         if self.admin_token is not None:
-            actors.setdefault("admin", self.admin_token)
+            actors[SINGLE_TOKEN_ACTOR] = self.admin_token
         return actors
 
     @field_validator("flower_basic_auth")

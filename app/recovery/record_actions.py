@@ -5,9 +5,9 @@ down, could not take); a cancel makes an unfinished record `cancelled`, final an
 delivered. Neither touches a record in flight (`app.journal.operator_actions`).
 
 Each real action writes one audit row: a single one in the transaction of its move, a
-bulk one when it ends, with its counts. A bulk action goes through its records in keyset
-pages by id, a transaction each, so a large set is never one transaction. A dry run only
-counts, and writes nothing."""
+bulk one when it ends, with its counts (stopped part-way, with what it did and why it
+stopped). A bulk action goes through its records in keyset pages by id, a transaction
+each, so a large set is never one transaction. A dry run only counts, and writes nothing."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from app.delivery.push import Pusher
 from app.errors import (
     BrokerUnavailable,
     InvalidFilter,
+    JournalUnavailable,
     RecordInFlight,
     RecordNotFound,
     RecordStatusConflict,
@@ -68,8 +69,19 @@ def check_filter(where: RecordFilter, *, bulk: bool = False) -> None:
     low, high = where.min_attempts, where.max_attempts
     if low is not None and high is not None and low > high:
         raise InvalidFilter("min_attempts must not be over max_attempts")
-    if bulk and not describe(where):
+    if bulk and not _selective(where):
         raise InvalidFilter("a bulk action needs at least one filter")
+
+
+def _selective(where: RecordFilter) -> bool:
+    """Whether `where` leaves any record out: at least 0 attempts and an empty error
+    prefix are true of every record, so they are no filter."""
+    fields = describe(where)
+    if fields.get("min_attempts") == 0:
+        del fields["min_attempts"]
+    if fields.get("error") == "":
+        del fields["error"]
+    return bool(fields)
 
 
 def describe(where: RecordFilter) -> dict[str, Any]:
@@ -163,12 +175,40 @@ class RecordActions:
                 )
                 counts.skipped_in_flight = takes - counts.acted
                 return counts
+        try:
+            self._act_on_pages(where, counts, cancel=cancel, clock=clock, on_page=on_page)
+        except BaseException as exc:
+            # Stopped part-way (Ctrl-C, the journal gone): what the pages done did is done.
+            self._audit_bulk(
+                where,
+                counts,
+                event,
+                actor=actor,
+                reason=reason,
+                now=clock(),
+                error=type(exc).__name__,
+            )
+            raise
+        self._audit_bulk(where, counts, event, actor=actor, reason=reason, now=clock())
+        log.info("records_bulk_action", action=_ACTION[event].value, actor=actor, **asdict(counts))
+        return counts
+
+    def _act_on_pages(
+        self,
+        where: RecordFilter,
+        counts: BulkCounts,
+        *,
+        cancel: bool,
+        clock: Callable[[], datetime],
+        on_page: Callable[[int], None] | None,
+    ) -> None:
+        event = Event.CANCELLED if cancel else Event.RETRIED
         cursor: str | None = None
         while True:
             with self.journal.reading() as conn:
                 page = operator_actions.page(conn, where, event, limit=PAGE_SIZE, after=cursor)
             if not page:
-                break
+                return
             cursor = page[-1].id
             if cancel:
                 # Read again for each page: a Redis restarted meanwhile has another.
@@ -177,19 +217,39 @@ class RecordActions:
                 self._retry_page(page, counts, now=clock())
             if on_page:
                 on_page(len(page))
-        with self.journal.transaction("audit") as conn:
-            audit.write(
-                conn,
-                actor=actor,
-                action=_ACTION[event],
-                target=f"line:{where.line or '*'}",
-                params=describe(where),
-                result={k: v for k, v in asdict(counts).items() if k != "dry_run"},
-                reason=reason,
-                now=clock(),
-            )
-        log.info("records_bulk_action", action=_ACTION[event].value, actor=actor, **asdict(counts))
-        return counts
+
+    def _audit_bulk(
+        self,
+        where: RecordFilter,
+        counts: BulkCounts,
+        event: Event,
+        *,
+        actor: str,
+        reason: str | None,
+        now: datetime,
+        error: str | None = None,
+    ) -> None:
+        """The bulk action's audit row, with its counts (and, stopped part-way, the
+        error's name). A journal that cannot take the row only logs, loudly."""
+        result: dict[str, Any] = {k: v for k, v in asdict(counts).items() if k != "dry_run"}
+        if error is not None:
+            result["error"] = error
+        try:
+            with self.journal.transaction("audit") as conn:
+                audit.write(
+                    conn,
+                    actor=actor,
+                    action=_ACTION[event],
+                    target=f"line:{where.line or '*'}",
+                    params=describe(where),
+                    result=result,
+                    reason=reason,
+                    now=now,
+                )
+        except JournalUnavailable:
+            log.exception("records_bulk_action_not_audited", actor=actor, **result)
+            if error is None:
+                raise
 
     def _cancel_page(
         self, page: list[RecordKey], counts: BulkCounts, *, epoch: str | None, now: datetime

@@ -132,7 +132,7 @@ class Replayer:
             )
         try:
             self._replay_all(where, counts, dry_run=dry_run, clock=clock, on_page=on_page)
-        except Exception as exc:
+        except BaseException as exc:  # Ctrl-C too: what the pages done did is done
             if not dry_run:
                 self._audit_failed(where, counts, actor=actor, reason=reason, exc=exc, now=clock())
             raise
@@ -204,7 +204,7 @@ class Replayer:
         *,
         actor: str,
         reason: str | None,
-        exc: Exception,
+        exc: BaseException,
         now: datetime,
     ) -> None:
         """Audit a run that failed part-way: what it did before the failure is done. The

@@ -85,7 +85,7 @@ def intake_process(harness):
     port = free_port()
     harness.configure(
         intake_keys=json.dumps({KEY_ID: SECRET, OTHER_ID: OTHER_SECRET}),
-        admin_token="admin-token",
+        admin_token="admin-token-of-hostile-input",
         intake_port=str(port),
         intake_body_timeout_seconds="1",
         intake_header_timeout_seconds=str(HEADER_TIMEOUT_S),

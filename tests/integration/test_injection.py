@@ -20,7 +20,7 @@ from tests.support.processes import REPO
 # Runs on every journal database (SQLite and PostgreSQL).
 pytestmark = pytest.mark.journal
 
-KEY_ID, SECRET, ADMIN = "shop-1", "s3cret-of-16-bytes", "admin-token"
+KEY_ID, SECRET, ADMIN = "shop-1", "s3cret-of-16-bytes", "admin-token-of-injection"
 PIPELINE = str(Path(sys.executable).with_name("pipeline"))
 INJECTIONS = [
     "' OR '1'='1",

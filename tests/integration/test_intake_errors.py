@@ -10,7 +10,7 @@ import pytest
 from tests.support.harness import signed_headers
 
 KEY_ID, SECRET = "shop-1", "s3cret-value-of-shop-1"
-ADMIN = "admin-token-123"
+ADMIN = "admin-token-of-the-errors"
 
 
 @pytest.fixture

@@ -45,7 +45,7 @@ def shared_stack(module_harness: Harness) -> Stack:
     flower_port = free_port()
     harness.configure(
         intake_keys=json.dumps({KEY_ID: SECRET}),
-        admin_token="admin-token-1",
+        admin_token="admin-token-of-the-operator",
         flower_basic_auth=f"{FLOWER_USER}:{FLOWER_PASSWORD}",
         flower_port=str(flower_port),
         # A fourth line with no worker: what is posted to it stays on its queue.

@@ -11,6 +11,7 @@ import pytest
 from sqlalchemy import select, update
 
 from app.clock import utcnow
+from app.errors import InvalidFilter
 from app.journal import attempts, audit, store
 from app.journal.models import RecordStatus, orders, records
 from app.recovery import record_actions
@@ -210,6 +211,63 @@ def test_a_bulk_action_needs_a_filter(harness):
     answer = client.post("/v1/records/retry", json={"dry_run": True})
     assert (answer.status_code, answer.json()["error"]["code"]) == (422, "invalid_filter")
     assert client.post("/v1/records/cancel", json={"line": "order"}).status_code == 422  # reason
+
+
+@pytest.mark.parametrize("selection", [{"min_attempts": 0}, {"min_attempts": 0, "dry_run": True}])
+def test_a_filter_that_selects_everything_is_no_filter(harness, selection):
+    # Every record has at least 0 attempts: such a bulk action would take them all.
+    rt = harness.runtime()
+    journal_records(rt, [{"business_no": "A-1"}], line="order", status=RecordStatus.FAILED)
+    client = harness.start_intake()
+    answer = client.post("/v1/records/cancel", json=selection | {"reason": "all of them"})
+    assert (answer.status_code, answer.json()["error"]["code"]) == (422, "invalid_filter")
+    assert {r.status for r in harness.records()} == {RecordStatus.FAILED}
+
+
+def test_an_empty_error_prefix_is_no_filter_either(harness):
+    rt = harness.runtime()
+    actions = record_actions.RecordActions(journal=rt.journal, pusher=rt.pusher, lines=rt.lines)
+    with pytest.raises(InvalidFilter):
+        actions.bulk(
+            store.RecordFilter(error_prefix=""),
+            cancel=True,
+            dry_run=True,
+            actor="cli:test",
+            reason="all of them",
+            clock=utcnow,
+        )
+
+
+def test_a_bulk_action_stopped_part_way_is_audited_with_what_it_did(harness, monkeypatch):
+    """Ctrl-C at the command line lands in the progress bar's callback between two pages:
+    the records of the pages done stay done, and the audit log says so."""
+    monkeypatch.setattr(record_actions, "PAGE_SIZE", 2)
+    rt = harness.runtime()
+    failed = journal_records(
+        rt, [{"business_no": f"S-{n}"} for n in range(5)], line="order", status=RecordStatus.FAILED
+    )
+    actions = record_actions.RecordActions(journal=rt.journal, pusher=rt.pusher, lines=rt.lines)
+
+    def interrupted(_done: int) -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        actions.bulk(
+            store.RecordFilter(line="order"),
+            cancel=True,
+            dry_run=False,
+            actor="cli:test",
+            reason="supplier gone",
+            clock=utcnow,
+            on_page=interrupted,
+        )
+
+    statuses = sorted(r.status.value for r in harness.records() if r.id in failed)
+    assert statuses == ["cancelled", "cancelled", "failed", "failed", "failed"]
+    (row,) = audit_rows(rt)
+    assert (row.actor, row.action, row.reason) == ("cli:test", audit.Action.CANCEL, "supplier gone")
+    result = row.result or {}
+    assert (result["acted"], result["error"]) == (2, "KeyboardInterrupt")
 
 
 def test_a_cancelled_record_is_swept_never_and_replayed_only_when_its_status_is_named(harness):

@@ -25,7 +25,7 @@ from tests.support.recorder import Recorder
 PIPELINE = str(Path(sys.executable).with_name("pipeline"))
 SECRETS = {
     "intake key secret": "intake-secret-7d1f0c",
-    "admin token": "admin-token-9b2c4e",
+    "admin token": "admin-token-9b2c4e7d",
     "generic webhook secret": "hook-secret-41aa9d",
     "dingtalk secret": "ding-secret-55e0b1",
     "dingtalk access token": "ding-token-8f3e27",

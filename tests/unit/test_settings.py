@@ -237,3 +237,50 @@ def test_a_named_admin_token_too_short_or_badly_named_is_refused(monkeypatch, to
     message = str(refused.value)
     assert message.startswith("PIPELINE_ADMIN_TOKENS: ")
     assert all(len(token) < 16 or token not in message for token in tokens.values())
+
+
+@pytest.mark.parametrize(
+    ("tokens", "named"),
+    [
+        ({"cli:alice": "a-token-long-enough-here"}, "cli:alice"),
+        ({"dev": "a-token-long-enough-here"}, "dev"),
+        ({"al ice": "a-token-long-enough-here"}, "al ice"),
+        ({"<b>eve</b>": "a-token-long-enough-here"}, "<b>eve</b>"),
+    ],
+)
+def test_an_admin_token_name_that_could_pass_for_another_actor_is_refused(
+    monkeypatch, tokens, named
+):
+    # `cli:<user>` names a command-line user and `dev` the dev mode's actor in the audit
+    # log; a name with spaces or markup would be shown as something else.
+    monkeypatch.setenv("PIPELINE_ADMIN_TOKENS", json.dumps(tokens))
+    with pytest.raises(ConfigError) as refused:
+        load_settings()
+    assert named in str(refused.value)
+
+
+def test_one_token_for_two_actors_is_refused(monkeypatch):
+    # Which of the two did it could not be told.
+    same = "one-token-for-both-of-them"
+    monkeypatch.setenv("PIPELINE_ADMIN_TOKENS", json.dumps({"alice": same, "bob": same}))
+    with pytest.raises(ConfigError) as refused:
+        load_settings()
+    assert "alice" in str(refused.value)
+    assert "bob" in str(refused.value)
+    assert same not in str(refused.value)
+
+
+def test_a_named_admin_beside_the_single_token_is_refused(monkeypatch):
+    # The single token's actor is `admin`: a named `admin` would make two of them.
+    monkeypatch.setenv("PIPELINE_ADMIN_TOKEN", "the-single-admin-token")
+    monkeypatch.setenv("PIPELINE_ADMIN_TOKENS", json.dumps({"admin": "another-admin-token-x"}))
+    with pytest.raises(ConfigError) as refused:
+        load_settings()
+    assert "admin" in str(refused.value)
+
+
+def test_a_short_single_admin_token_is_refused(monkeypatch):
+    monkeypatch.setenv("PIPELINE_ADMIN_TOKEN", "short")
+    with pytest.raises(ConfigError) as refused:
+        load_settings()
+    assert str(refused.value).startswith("PIPELINE_ADMIN_TOKEN: ")
