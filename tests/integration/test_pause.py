@@ -13,6 +13,7 @@ from app.delivery.paused import hold_back
 from app.journal import attempts, audit, store
 from app.journal.models import RecordStatus, Source
 from app.journal.store import NewRecord
+from tests.support.journal import journal_records
 from tests.support.metrics import metric, samples
 from tests.support.processes import wait_for
 from tests.support.runs import runs_by_record, use_runs_log
@@ -244,3 +245,33 @@ def test_a_paused_line_takes_in_records_and_two_workers_deliver_none_until_resum
     assert set(runs) == {a["id"] for a in answers}
     assert {len(spans) for spans in runs.values()} == {1}, "a record ran twice"
     assert len({pid for spans in runs.values() for (_s, _e, pid) in spans}) == 2
+
+
+def test_messages_on_a_paused_lines_queue_are_held_back_by_two_real_workers(harness, tmp_path):
+    """The messages were on the queue before the pause took hold: the two workers take
+    them and start no attempt; after the resume each record runs once."""
+    log = use_runs_log(harness, tmp_path)
+    harness.configure(sweep_interval_seconds="0.3")
+    rt = harness.runtime()
+    client = harness.start_intake()
+    assert client.post("/v1/lines/order/pause").status_code == 200
+    payloads = [{"business_no": f"Q-{n}", "sleep_s": 0.01} for n in range(20)]
+    ids = journal_records(rt, payloads, line="order", status=RecordStatus.RECEIVED)
+    rt.pusher.push("order", ids, max_length=100)
+    time.sleep(TAKES_HOLD_S)
+    harness.start_worker("order")
+    harness.start_worker("order")
+    harness.start_beat()
+
+    # Both workers drain the queue and hold every record back in the journal.
+    wait_for(lambda: rt_depth(harness) == 0, timeout_s=30, what="the queue drained")
+    time.sleep(1.0)
+    assert runs_by_record(log) == {}
+    assert RecordStatus.DONE not in {r.status for r in harness.records()}
+
+    assert client.post("/v1/lines/order/resume").status_code == 200
+    final = harness.wait_until_final(set(ids), timeout_s=60)
+    assert {r.status for r in final.values()} == {RecordStatus.DONE}
+    runs = runs_by_record(log)
+    assert set(runs) == set(ids)
+    assert {len(spans) for spans in runs.values()} == {1}, "a record ran twice"
