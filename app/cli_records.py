@@ -177,7 +177,9 @@ def _act(
     verb = "cancel" if cancel else "retry"
     rt = Runtime.build(settings_for_command())
     try:
-        actions = RecordActions(journal=rt.journal, pusher=rt.pusher, lines=rt.lines)
+        actions = RecordActions(
+            journal=rt.journal, pusher=rt.pusher, lines=rt.lines, paused=rt.paused
+        )
         if record_id is not None:
             actor, now = cli_actor(), utcnow()
             if cancel:

@@ -35,7 +35,7 @@ AttemptBound = Annotated[int, Field(ge=0, le=MAX_ATTEMPTS_FILTER)]
 
 
 def _actions(rt: Runtime) -> RecordActions:
-    return RecordActions(journal=rt.journal, pusher=rt.pusher, lines=rt.lines)
+    return RecordActions(journal=rt.journal, pusher=rt.pusher, lines=rt.lines, paused=rt.paused)
 
 
 @router.get("/v1/records", responses=errors_doc(*ADMIN))

@@ -18,6 +18,7 @@ from typing import Any
 
 from sqlalchemy import Connection
 
+from app.delivery.paused import PausedLines
 from app.delivery.push import Pusher
 from app.errors import (
     BrokerUnavailable,
@@ -107,6 +108,8 @@ class RecordActions:
     journal: Journal
     pusher: Pusher
     lines: LineRegistry
+    # A retry of a paused line's record waits `deferred`, pushed after the resume.
+    paused: PausedLines | None = None
 
     def retry(self, record_id: str, *, actor: str, reason: str | None, now: datetime) -> Record:
         """Put a `failed`, `dead` or `rejected` record back on its queue now; the record as
@@ -286,10 +289,14 @@ class RecordActions:
     ) -> tuple[int, int]:
         """Push records claimed for a retry (`enqueued`, no epoch) onto their line's queue
         within its bound (each message names their `business_nos`); what does not fit, or
-        everything when Redis is down, waits `deferred` for the sweeper. Returns how many
-        were pushed and deferred."""
+        everything when Redis is down or the line paused, waits `deferred` for the sweeper.
+        Returns how many were pushed and deferred."""
         if not claimed:
             return 0, 0
+        if self.paused is not None and self.paused.is_paused(line.name):
+            with self.journal.transaction("retry") as conn:
+                store.move(conn, claimed, Event.NOT_PUSHED, now=now)
+            return 0, len(claimed)
         try:
             outcome = self.pusher.push(
                 line.queue,

@@ -325,3 +325,20 @@ def test_a_bulk_cancel_of_100_dead_records_cancels_them_all_with_one_audit_row(h
     assert (row.actor, row.action, row.target) == ("alice", audit.Action.CANCEL, "line:order")
     assert row.reason == "customer closed the account"
     assert (row.result or {})["acted"] == 100
+
+
+def test_a_retry_on_a_paused_line_waits_deferred_instead_of_going_onto_its_queue(harness):
+    rt = harness.runtime()
+    dead = journal_records(
+        rt, [{"business_no": f"P-{n}"} for n in range(3)], line="order", status=RecordStatus.DEAD
+    )
+    client = harness.start_intake()
+    assert client.post("/v1/lines/order/pause", json={"reason": "downstream down"}).is_success
+
+    one = client.post(f"/v1/records/{dead[0]}/retry", json={})
+    bulk = client.post("/v1/records/retry", json={"line": "order", "status": ["dead"]})
+
+    assert (one.status_code, one.json()["status"]) == (200, "deferred")
+    assert (bulk.json()["retried"], bulk.json()["enqueued"], bulk.json()["deferred"]) == (2, 0, 2)
+    assert queued_ids(rt.redis, "order") == []
+    assert {r.status for r in harness.records()} == {RecordStatus.DEFERRED}
