@@ -120,8 +120,8 @@ class Stack:
     # The children's environment: ours, and what `start` adds.
     base_env: dict[str, str] = field(default_factory=lambda: dict(os.environ))
 
-    def say(self, text: str, *, terminal_only: bool = False) -> None:
-        self.output.line(SUPERVISOR, text, terminal_only=terminal_only)
+    def say(self, text: str) -> None:
+        self.output.line(SUPERVISOR, text)
 
     def _spawn(self, name: str, *args: str) -> Child:
         child = Child(name, [sys.executable, "-m", "app.cli", *args])
@@ -154,18 +154,7 @@ class Stack:
         else:
             self.say(f"redis using the server at {shown}")
             redis_said = shown
-        migrate = Child("migrate", [sys.executable, "-m", "app.cli", "db", "upgrade"])
-        migrate.start(self.env, output=self.output)
-        self.children.append(migrate)
-        assert migrate.process is not None
-        try:
-            code = migrate.process.wait(timeout=MIGRATE_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            raise StartFailed(f"the migrations took over {MIGRATE_TIMEOUT_S:.0f} s") from None
-        self.children.remove(migrate)
-        if code != 0:
-            raise StartFailed(f"the migrations failed (exit {code})")
-
+        self._migrate()
         flower_auth = self.settings.flower_basic_auth
         if flower_auth is None:
             credentials = generated_basic_auth()
@@ -197,6 +186,20 @@ class Stack:
         self.output.show_once(
             SUPERVISOR, banner.lines(show_secret=True), banner.lines(show_secret=False)
         )
+
+    def _migrate(self) -> None:
+        """Run the journal's migrations (`pipeline db upgrade`) to the end."""
+        migrate = Child("migrate", [sys.executable, "-m", "app.cli", "db", "upgrade"])
+        migrate.start(self.env, output=self.output)
+        self.children.append(migrate)  # stopped with the others if it hangs
+        assert migrate.process is not None
+        try:
+            code = migrate.process.wait(timeout=MIGRATE_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            raise StartFailed(f"the migrations took over {MIGRATE_TIMEOUT_S:.0f} s") from None
+        self.children.remove(migrate)
+        if code != 0:
+            raise StartFailed(f"the migrations failed (exit {code})")
 
     @property
     def output_path(self) -> Path:
