@@ -55,9 +55,9 @@ def admin_closed_notice(settings: Settings) -> str | None:
 
 @cli.command()
 def up(
-    workdir: Annotated[Path, typer.Option(help="Where the embedded Redis keeps its log.")] = Path(
-        ".pipeline"
-    ),
+    workdir: Annotated[
+        Path, typer.Option(help="Where the log file (up.log) and the embedded Redis's files go.")
+    ] = Path(".pipeline"),
 ) -> None:
     """Run the whole stack in the foreground; Ctrl-C stops it all."""
     from app.intake.exposure import check_bind_host  # noqa: PLC0415
@@ -65,20 +65,21 @@ def up(
     from app.local.supervisor import run_stack  # noqa: PLC0415
 
     settings = _settings()
+    notices: list[str] = []
     if not settings.intake_keys and not settings.dev_mode:
         # A fresh checkout runs as it is: dev mode, asked for here, for every child.
         os.environ["PIPELINE_DEV_MODE"] = "true"
         settings = _settings()
-        print(
-            "dev mode  no PIPELINE_INTAKE_KEYS: the intake takes unsigned requests, from "
+        notices.append(
+            "dev mode on: no PIPELINE_INTAKE_KEYS, so the intake takes unsigned requests, from "
             "this machine only (set PIPELINE_INTAKE_KEYS to leave dev mode)"
         )
     LineRegistry.from_settings(settings)  # a bad line setting stops us before any child starts
     check_bind_host(settings, settings.intake_host)
     notice = admin_closed_notice(settings)
     if notice is not None:
-        print(f"admin     {notice}")
-    raise typer.Exit(run_stack(settings, workdir=workdir.resolve()))
+        notices.append(f"admin: {notice}")
+    raise typer.Exit(run_stack(settings, workdir=workdir.resolve(), notices=notices))
 
 
 @cli.command()
@@ -128,6 +129,7 @@ def worker(
     line: Annotated[str, typer.Argument(help="The business line whose queue to consume.")],
     concurrency: Annotated[int | None, typer.Option(help="Overrides the line's setting.")] = None,
     pool: Annotated[str, typer.Option(help="Celery pool: prefork, solo or threads.")] = "prefork",
+    quiet: Annotated[bool, typer.Option(help="Without Celery's start-up banner.")] = False,
 ) -> None:
     """Run the Celery worker of one line; exits with the worker's exit code."""
     from celery.signals import worker_init  # noqa: PLC0415
@@ -146,6 +148,7 @@ def worker(
     worker_init.connect(lambda sender, **_kwargs: workers.append(sender), weak=False)
     celery.worker_main(
         [
+            *(["--quiet"] if quiet else []),
             "worker",
             "--queues",
             spec.queue,
@@ -173,6 +176,7 @@ def beat(
             "(beat.scheduler:PipelineScheduler) that adds or wraps maintenance jobs."
         ),
     ] = None,
+    quiet: Annotated[bool, typer.Option(help="Without Celery's start-up banner.")] = False,
 ) -> None:
     """Run Celery beat with the pipeline's scheduler: the cron schedules, and the sweeper, the
     lost-message check, the queue monitor and retention while it holds the beat lock."""
@@ -184,7 +188,14 @@ def beat(
     LineRegistry.from_settings(settings)
     refuse_unsafe_journal(settings.database_url)
     create_celery(settings).start(
-        ["beat", "--scheduler", scheduler or BEAT_SCHEDULER, "--loglevel", settings.log_level]
+        [
+            *(["--quiet"] if quiet else []),
+            "beat",
+            "--scheduler",
+            scheduler or BEAT_SCHEDULER,
+            "--loglevel",
+            settings.log_level,
+        ]
     )
 
 

@@ -9,7 +9,9 @@ from __future__ import annotations
 import shutil
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import IO
 from urllib.parse import quote, urlsplit
 
 import redis
@@ -73,10 +75,16 @@ class RedisServer:
     def pid(self) -> int | None:
         return self.process.pid if self.process else None
 
-    def start(self, *, timeout_s: float = 10.0) -> None:
-        """Start the server and wait until it answers. Raises `BrokerUnavailable`."""
+    def start(
+        self, *, timeout_s: float = 10.0, on_output: Callable[[IO[bytes]], None] | None = None
+    ) -> None:
+        """Start the server and wait until it answers. Raises `BrokerUnavailable`. Its
+        output goes to `redis-PORT.log` in the working directory or, given `on_output`, to a
+        pipe handed to it as soon as the server starts."""
         self.workdir.mkdir(parents=True, exist_ok=True)
-        log_file = (self.workdir / f"redis-{self.port}.log").open("ab")
+        log_file: IO[bytes] | None = None
+        if on_output is None:
+            log_file = (self.workdir / f"redis-{self.port}.log").open("ab")
         self.process = subprocess.Popen(  # noqa: S603 - fixed argument list
             [
                 server_binary(),
@@ -96,11 +104,15 @@ class RedisServer:
                 "-",
             ],
             stdin=subprocess.PIPE,
-            stdout=log_file,
+            stdout=subprocess.PIPE if log_file is None else log_file,
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-        log_file.close()
+        if log_file is not None:
+            log_file.close()
+        if on_output is not None:
+            assert self.process.stdout is not None
+            on_output(self.process.stdout)
         assert self.process.stdin is not None
         if self.password:
             quoted = self.password.replace("\\", "\\\\").replace('"', '\\"')

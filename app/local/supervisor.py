@@ -1,5 +1,12 @@
 """`pipeline up`: the whole stack as child processes of one foreground command.
 
+Before anything starts, its ports are checked (`app.local.ports`). Then, in order: the
+embedded Redis (when nothing answers at the URL), the journal's migrations, the intake, one
+worker per line and beat; Flower once every worker answers a ping (its first inspect
+would otherwise find none and warn); and one ready banner once all of them answer. Every
+child's output comes back through a pipe, each line after the child's name
+(`app.local.output`), to the terminal and to one log file.
+
 Each child runs in its own session (so a terminal's Ctrl-C reaches only us) and is stopped
 by PID: SIGTERM (Celery's warm shutdown re-queues what a worker holds), then SIGKILL to its
 whole process group, so no pool process outlives it."""
@@ -16,14 +23,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
-from app.journal.engine import make_engine
-from app.journal.schema import upgrade
+from sqlalchemy.engine import make_url
+
+from app.local.banner import Banner, http_url
 from app.local.embedded_redis import RedisServer, answers
 from app.local.flower import generated_basic_auth
+from app.local.output import SUPERVISOR, Output
+from app.local.ports import check_ports, ports_of
+from app.local.readiness import http_answers, worker_nodename, workers_answering
 from app.redis_client import masked_url
 from app.settings import Settings
 
 STOP_TIMEOUT_S = 20.0
+# How long the migrations may take before `pipeline up` gives up.
+MIGRATE_TIMEOUT_S = 300.0
+# How long the components may take to answer before the banner comes anyway, naming them.
+# A cold start on a small machine takes ~30 s.
+READY_TIMEOUT_S = 180.0
+# Between two rounds of probes while starting, and two looks at the children once up.
+POLL_INTERVAL_S = 0.2
+# The log file of `pipeline up`, in its working directory: this run's lines, no secrets.
+LOG_NAME = "up.log"
 
 
 @dataclass
@@ -33,10 +53,25 @@ class Child:
     name: str
     argv: list[str]
     process: subprocess.Popen[bytes] | None = None
-    # Where its output goes; None: our own stdout and stderr.
+    # Where its output goes; None: our own stdout and stderr (or `output`, if given).
     log_path: Path | None = None
+    # Whether SIGTERM was sent: a second would hurry a Celery worker's warm shutdown.
+    signalled: bool = False
 
-    def start(self, env: dict[str, str]) -> None:
+    def start(self, env: dict[str, str], *, output: Output | None = None) -> None:
+        """Start it; with `output`, its lines go there after its name."""
+        if output is not None:
+            self.process = subprocess.Popen(  # noqa: S603
+                self.argv,
+                env=env,
+                start_new_session=True,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+            )
+            assert self.process.stdout is not None
+            output.pump(self.name, self.process.stdout)
+            return
         if self.log_path is None:
             self.process = subprocess.Popen(self.argv, env=env, start_new_session=True)  # noqa: S603
             return
@@ -45,12 +80,21 @@ class Child:
                 self.argv, env=env, start_new_session=True, stdout=log, stderr=subprocess.STDOUT
             )
 
+    def exit_code(self) -> int | None:
+        return None if self.process is None else self.process.poll()
+
+    def ask_to_stop(self) -> None:
+        """SIGTERM, without waiting (`stop` waits, then kills what is left)."""
+        if self.process is not None and self.process.poll() is None and not self.signalled:
+            self.process.terminate()
+            self.signalled = True
+
     def stop(self, *, timeout_s: float) -> None:
         process = self.process
         if process is None:
             return
         if process.poll() is None:
-            process.terminate()
+            self.ask_to_stop()
             with contextlib.suppress(subprocess.TimeoutExpired):
                 process.wait(timeout=timeout_s)
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -59,89 +103,201 @@ class Child:
             process.wait(timeout=timeout_s)
 
 
+class StartFailed(Exception):
+    """A component died, or Ctrl-C came, before the stack was up."""
+
+
 @dataclass
 class Stack:
     """The children of `pipeline up` and the embedded Redis, if we started one."""
 
     settings: Settings
     workdir: Path
-    children: list[Child] = field(default_factory=list)
+    output: Output
     redis: RedisServer | None = None
+    children: list[Child] = field(default_factory=list)
     stopping: bool = False
+    # The children's environment: ours, and what `start` adds.
+    base_env: dict[str, str] = field(default_factory=lambda: dict(os.environ))
 
-    def _component(self, *args: str) -> list[str]:
-        return [sys.executable, "-m", "app.cli", *args]
+    def say(self, text: str) -> None:
+        self.output.line(SUPERVISOR, text)
+
+    def _spawn(self, name: str, *args: str) -> Child:
+        child = Child(name, [sys.executable, "-m", "app.cli", *args])
+        child.start(self.env, output=self.output)
+        self.children.append(child)
+        assert child.process is not None
+        self.say(f"{name} started (pid {child.process.pid})")
+        return child
+
+    def _check_children(self) -> None:
+        if self.stopping:
+            raise StartFailed("stopped before the stack was up")
+        for child in self.children:
+            code = child.exit_code()
+            if code is not None:
+                raise StartFailed(f"{child.name} exited with {code}")
+
+    @property
+    def env(self) -> dict[str, str]:
+        # Children write to a pipe: unbuffered, their lines come as they are written.
+        return self.base_env | {"PYTHONUNBUFFERED": "1"}
 
     def start(self) -> None:
+        """Start everything and print the banner. Raises `StartFailed`."""
         shown = masked_url(self.settings.redis_url)
-        if not answers(self.settings.redis_url):
-            self.redis = RedisServer.for_url(self.settings.redis_url, workdir=self.workdir)
-            self.redis.start()
-            print(f"redis     embedded server at {shown} (pid {self.redis.pid})")
+        if self.redis is not None:
+            self.redis.start(on_output=lambda stream: self.output.pump("redis", stream))
+            self.say(f"redis embedded server at {shown} (pid {self.redis.pid})")
+            redis_said = f"embedded at {shown}: in memory, gone when this stops"
         else:
-            print(f"redis     using the server at {shown}")
-        engine = make_engine(self.settings.database_url)
-        try:
-            upgrade(engine)
-        finally:
-            engine.dispose()
-        print(f"journal   migrated: {engine.url.render_as_string(hide_password=True)}")
-        self.children.append(Child("intake", self._component("intake")))
-        for line in self.settings.lines:
-            self.children.append(Child(f"worker {line}", self._component("worker", line)))
-        self.children.append(Child("beat", self._component("beat")))
-        self.children.append(Child("flower", self._component("flower")))
-        env = dict(os.environ)
+            self.say(f"redis using the server at {shown}")
+            redis_said = shown
+        self._migrate()
         flower_auth = self.settings.flower_basic_auth
         if flower_auth is None:
             credentials = generated_basic_auth()
-            env["PIPELINE_FLOWER_BASIC_AUTH"] = credentials
+            self.base_env["PIPELINE_FLOWER_BASIC_AUTH"] = credentials
         else:
             credentials = flower_auth.get_secret_value()
-        for child in self.children:
-            child.start(env)
-            assert child.process is not None
-            print(f"{child.name:<9} started (pid {child.process.pid})")
-        host = "127.0.0.1" if self.settings.in_dev_mode else self.settings.intake_host
-        print(f"intake    listening on http://{host}:{self.settings.intake_port}")
-        flower_url = f"http://{self.settings.flower_host}:{self.settings.flower_port}"
-        if flower_auth is None:
-            user, _, password = credentials.partition(":")
-            print(f"flower    {flower_url} (user {user}, password {password}; shown once)")
-        else:
-            print(f"flower    {flower_url} (PIPELINE_FLOWER_BASIC_AUTH)")
+        self._spawn("intake", "intake")
+        for line in self.settings.lines:
+            # The banner below says what Celery's would.
+            self._spawn(f"worker-{line}", "worker", line, "--quiet")
+        self._spawn("beat", "beat", "--quiet")
+        missing = self._wait_for_workers()
+        self._spawn("flower", "flower")
+        missing += self._wait_for_servers()
+
+        intake = http_url(self.settings.intake_host, self.settings.intake_port)
+        user, _, password = credentials.partition(":")
+        banner = Banner(
+            intake_url=intake,
+            flower_url=http_url(self.settings.flower_host, self.settings.flower_port),
+            flower_user=user,
+            flower_password=password if flower_auth is None else None,
+            dev_mode=self.settings.in_dev_mode,
+            log_path=self.output_path,
+            redis=redis_said,
+            journal=make_url(self.settings.database_url).render_as_string(hide_password=True),
+            not_answering=tuple(missing),
+        )
+        self.output.show_once(
+            SUPERVISOR, banner.lines(show_secret=True), banner.lines(show_secret=False)
+        )
+
+    def _migrate(self) -> None:
+        """Run the journal's migrations (`pipeline db upgrade`) to the end."""
+        migrate = Child("migrate", [sys.executable, "-m", "app.cli", "db", "upgrade"])
+        migrate.start(self.env, output=self.output)
+        self.children.append(migrate)  # stopped with the others if it hangs
+        assert migrate.process is not None
+        try:
+            code = migrate.process.wait(timeout=MIGRATE_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            raise StartFailed(f"the migrations took over {MIGRATE_TIMEOUT_S:.0f} s") from None
+        self.children.remove(migrate)
+        if code != 0:
+            raise StartFailed(f"the migrations failed (exit {code})")
+
+    @property
+    def output_path(self) -> Path:
+        return self.workdir / LOG_NAME
+
+    def _wait_for_workers(self) -> list[str]:
+        """Wait until every line's worker answers a ping; the names of those that did not."""
+        from app.celery_app import create_celery  # noqa: PLC0415 - Celery for `up` only
+
+        names = {worker_nodename(line): f"worker-{line}" for line in self.settings.lines}
+        answered: set[str] = set()
+        celery = create_celery(self.settings)
+        try:
+            deadline = time.monotonic() + READY_TIMEOUT_S
+            while time.monotonic() < deadline:
+                self._check_children()
+                answered |= workers_answering(celery, set(names) - answered)
+                if answered >= set(names):
+                    self.say("every worker answers: starting Flower")
+                    return []
+                time.sleep(POLL_INTERVAL_S)
+        finally:
+            celery.close()
+        late = sorted(names[name] for name in set(names) - answered)
+        self.say(f"no answer in {READY_TIMEOUT_S:.0f} s from {', '.join(late)}; starting Flower")
+        return late
+
+    def _wait_for_servers(self) -> list[str]:
+        """Wait until the intake is ready and Flower answers; the names of those that did not."""
+        probes = {
+            "intake": http_url(self.settings.intake_host, self.settings.intake_port, "/readyz"),
+            "flower": http_url(self.settings.flower_host, self.settings.flower_port, "/"),
+        }
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while probes and time.monotonic() < deadline:
+            self._check_children()
+            probes = {name: url for name, url in probes.items() if not http_answers(url)}
+            if probes:
+                time.sleep(POLL_INTERVAL_S)
+        return sorted(probes)
 
     def wait(self) -> int:
         """Block until a signal asks us to stop or a child dies; returns the exit code."""
         while not self.stopping:
             for child in self.children:
-                if child.process is not None and child.process.poll() is not None:
-                    print(f"{child.name} exited with {child.process.returncode}; stopping")
+                code = child.exit_code()
+                if code is not None:
+                    self.say(f"{child.name} exited with {code}; stopping")
                     return 1
-            time.sleep(0.2)
+            time.sleep(POLL_INTERVAL_S)
         return 0
 
     def stop(self) -> None:
+        # All are asked at once, so that their shutdowns overlap.
+        for child in self.children:
+            child.ask_to_stop()
         for child in reversed(self.children):
             child.stop(timeout_s=STOP_TIMEOUT_S)
         if self.redis is not None:
             self.redis.stop()
 
 
-def run_stack(settings: Settings, *, workdir: Path) -> int:
-    """Run the stack in the foreground until SIGINT or SIGTERM."""
-    stack = Stack(settings=settings, workdir=workdir)
+def run_stack(settings: Settings, *, workdir: Path, notices: list[str]) -> int:
+    """Run the stack in the foreground until SIGINT or SIGTERM. Raises `ConfigError`, before
+    starting anything, when one of its ports is taken."""
+    redis = None
+    if not answers(settings.redis_url):
+        redis = RedisServer.for_url(settings.redis_url, workdir=workdir)
+    check_ports(ports_of(settings, embedded_redis_port=None if redis is None else redis.port))
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    names = ["redis", "migrate", "intake", "beat", "flower"]
+    names += [f"worker-{line}" for line in settings.lines]
+    output = Output(
+        terminal=sys.stdout,
+        log_file=(workdir / LOG_NAME).open("w", encoding="utf-8"),
+        names=names,
+    )
+    stack = Stack(settings=settings, workdir=workdir, output=output, redis=redis)
 
     def _stop(_signum: int, _frame: FrameType | None) -> None:
         stack.stopping = True
 
     signal.signal(signal.SIGINT, _stop)
     signal.signal(signal.SIGTERM, _stop)
+    for notice in notices:
+        stack.say(notice)
+    code = 0
     try:
         stack.start()
         code = stack.wait()
+    except StartFailed as exc:
+        stack.say(f"not started: {exc}")
+        code = 0 if stack.stopping else 1
     finally:
-        print("stopping...")
+        stack.say("stopping...")
         stack.stop()
-        print("stopped")
+        output.drain(timeout_s=2.0)
+        stack.say("stopped")
+        output.close()
     return code

@@ -70,12 +70,14 @@ def test_pipeline_up_serves_delivers_and_leaves_no_process_after_sigint(harness,
             return record["status"] == "done"
 
         wait_for(done, timeout_s=60, what="the posted record to be done")
+        # Flower starts once the workers answer; the banner comes when it answers too.
+        wait_for(lambda: "pipeline is up" in log_path.read_text(), timeout_s=60, what="the banner")
         output = log_path.read_text()
         pids = {int(pid) for pid in re.findall(r"\(pid (\d+)\)", output)}
         assert len(pids) == 7, output  # redis, intake, three workers, beat, flower
 
         # Flower, behind the credentials `pipeline up` generated and printed once.
-        found = re.search(r"flower .*\(user (\S+), password (\S+); shown once\)", output)
+        found = re.search(r"Flower .*\(user (\S+), password (\S+); shown once\)", output)
         assert found, output
         assert output.count(found.group(2)) == 1
         flower = f"http://127.0.0.1:{flower_port}/api/workers"
