@@ -1,5 +1,5 @@
-"""The API's documentation, served by the intake alone: `/docs` and `/redoc` reference
-nothing on another host, each asset they reference is served by the intake with its content
+"""The API's documentation, served by the intake alone: `/docs` references nothing on
+another host, each asset it references is served by the intake with its content
 type, and the OpenAPI document teaches what an integrator needs: the signature headers and
 the exact string signed (its Python example, run as is, gets a record accepted), the admin
 bearer token on each admin endpoint (checked against the intake's own answers), and the
@@ -36,8 +36,8 @@ ABSOLUTE_URL = re.compile(r"(?:https?:)?//[\w.-]+", re.IGNORECASE)
 
 
 class References(HTMLParser):
-    """The URLs a page loads: src and href attributes, and the `url:` of Swagger UI's and
-    the `spec-url` of ReDoc's set-up."""
+    """The URLs a page loads: src and href attributes, and the `url:` of Swagger UI's
+    set-up."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -45,7 +45,7 @@ class References(HTMLParser):
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         for name, value in attrs:
-            if name in {"src", "href", "spec-url"} and value:
+            if name in {"src", "href"} and value:
                 self.urls.append(value)
 
     def handle_data(self, data: str) -> None:
@@ -63,8 +63,8 @@ def content_type_fits(path: str, content_type: str) -> bool:
     return media_type in CONTENT_TYPES[PurePosixPath(path).suffix]
 
 
-@pytest.mark.parametrize("page", ["/docs", "/redoc"])
-def test_docs_page_loads_every_asset_from_the_intake_and_names_no_other_host(intake, page):
+def test_docs_page_loads_every_asset_from_the_intake_and_names_no_other_host(intake):
+    page = "/docs"
     answer = intake.get(page)
     assert answer.status_code == 200, answer.text
     assert answer.headers["content-type"].startswith("text/html")
@@ -89,13 +89,19 @@ def test_docs_page_loads_every_asset_from_the_intake_and_names_no_other_host(int
             assert imports == [], imports
     scripts = [url for url in parser.urls if url.endswith(".js")]
     assert scripts, parser.urls
-    if page == "/docs":
-        assert "SwaggerUIBundle" in intake.get(urljoin(base, scripts[0])).text[:5000]
-        assert '"validatorUrl": null' in answer.text  # its default is on another host
+    assert "SwaggerUIBundle" in intake.get(urljoin(base, scripts[0])).text[:5000]
+    assert '"validatorUrl": null' in answer.text  # its default is on another host
 
 
-def test_docs_assets_outside_the_package_are_not_served(intake):
-    for path in ("/docs/assets/../../app/settings.py", "/docs/assets/missing.js"):
+def test_only_the_pages_assets_are_served_and_redoc_is_gone(intake):
+    """ReDoc's bundle loads its logo from its CDN: neither it nor its page is served."""
+    for path in (
+        "/redoc",
+        "/docs/assets/redoc.standalone.js",
+        "/docs/assets/../../app/settings.py",
+        "/docs/assets/%2e%2e%2fMETADATA",
+        "/docs/assets/missing.js",
+    ):
         answer = intake.get(path)
         assert answer.status_code == 404, path
         assert answer.json()["error"]["code"] == "not_found"
@@ -115,6 +121,7 @@ def operations(doc: dict):
 
 def test_openapi_declares_the_signature_headers_and_the_signed_string(intake, harness):
     doc = document(intake)
+    assert "This intake runs in dev mode" not in doc["info"]["description"]
     window_s = harness.settings().timestamp_window_seconds
     scheme = doc["components"]["securitySchemes"]["requestSignature"]
     assert (scheme["type"], scheme["in"], scheme["name"]) == ("apiKey", "header", "X-Signature")
@@ -241,3 +248,16 @@ def test_openapi_gives_every_error_answer_the_error_body(intake):
     overview = doc["info"]["description"]
     for code in ("bad_signature", "admin_required", "queue_full", "nonce_reused", "unknown_line"):
         assert f"`{code}`" in overview, code
+
+
+def test_in_dev_mode_the_document_says_so_and_the_signature_headers_are_optional(harness):
+    """Dev mode takes unsigned requests: the document must not call the headers required."""
+    intake = harness.start_intake()  # the harness's default: dev mode, no keys
+    doc = document(intake)
+    assert "This intake runs in dev mode" in doc["info"]["description"]
+    operation = doc["paths"]["/v1/order"]["post"]
+    headers = {p["name"]: p for p in operation["parameters"] if p["in"] == "header"}
+    assert {name: headers[name]["required"] for name in SIGNATURE_HEADERS} == dict.fromkeys(
+        SIGNATURE_HEADERS, False
+    )
+    assert intake.post("/v1/order", json={"business_no": "ORD-DEV"}).status_code == 202
