@@ -52,7 +52,7 @@ def create_app(settings: Settings) -> FastAPI:
         title="Durable pipeline intake",
         version="0.1.0",
         lifespan=lifespan,
-        # Served by `docs.install` from an installed package, not from a CDN.
+        # `docs.install` serves /docs from an installed package, not a CDN; no ReDoc.
         docs_url=None,
         redoc_url=None,
     )
