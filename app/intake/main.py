@@ -13,7 +13,7 @@ from fastapi import FastAPI
 from app.clock import utcnow
 from app.delivery.group_commit import GroupAccept
 from app.errors import ConfigError
-from app.intake import errors, routes, routes_audit, routes_lines, routes_records
+from app.intake import docs, errors, routes, routes_audit, routes_lines, routes_records
 from app.intake.exposure import LoopbackOnly, check_keys_or_dev_mode
 from app.intake.limits import RequestLimits
 from app.intake.pacing import pacers_for
@@ -52,6 +52,9 @@ def create_app(settings: Settings) -> FastAPI:
         title="Durable pipeline intake",
         version="0.1.0",
         lifespan=lifespan,
+        # `docs.install` serves /docs from an installed package, not a CDN; no ReDoc.
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.runtime = rt
     app.state.group_accept = group
@@ -70,6 +73,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(routes_audit.router)
     app.include_router(routes_lines.router)
     _document_lines(app, rt.lines)
+    docs.install(app, settings)
     return app
 
 

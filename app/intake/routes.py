@@ -11,8 +11,9 @@ from importlib import resources
 from typing import Annotated, Any
 
 import anyio
-from fastapi import APIRouter, Depends, Path, Query, Request
+from fastapi import APIRouter, Depends, Path, Query, Request, Security
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
+from fastapi.security import HTTPAuthorizationCredentials
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
 from sqlalchemy import text
 from starlette.concurrency import run_in_threadpool
@@ -34,6 +35,7 @@ from app.errors import (
 from app.ids import digest, new_id
 from app.intake.body import parse_payload, read_body
 from app.intake.errors import count_outcomes
+from app.intake.openapi_doc import ADMIN_BEARER, REQUEST_SIGNATURE
 from app.intake.pacing import Pacer
 from app.intake.signing import MAX_NONCE_LENGTH, Caller, verify
 from app.intake.views import line_status_view, record_view
@@ -125,7 +127,12 @@ RuntimeDep = Annotated[Runtime, Depends(runtime)]
 DEV_ACTOR = "dev"
 
 
-def require_admin(request: Request, rt: RuntimeDep) -> str:
+def require_admin(
+    request: Request,
+    rt: RuntimeDep,
+    # Only declares the scheme in the OpenAPI document: the header is checked below.
+    _bearer: Annotated[HTTPAuthorizationCredentials | None, Security(ADMIN_BEARER)],
+) -> str:
     """Admin endpoints take `Authorization: Bearer <token>`; open in dev mode without one.
     Returns the actor the token names (`admin` for `PIPELINE_ADMIN_TOKEN`, a name of
     `PIPELINE_ADMIN_TOKENS`; `dev` in dev mode without tokens). Raises `AdminNotConfigured`
@@ -315,7 +322,9 @@ async def post_replay(body: ReplayRequest, actor: AdminActor, rt: RuntimeDep) ->
     status_code=202,
     openapi_extra=RECORD_BODY,
     responses=RECORD_ANSWER,
-    dependencies=[Depends(count_outcomes)],
+    # REQUEST_SIGNATURE only declares the signature in the OpenAPI document (`_caller`
+    # checks it, after reading the body).
+    dependencies=[Depends(count_outcomes), Security(REQUEST_SIGNATURE)],
 )
 async def post_record(line: str, request: Request, rt: RuntimeDep) -> JSONResponse:
     """Journal a record for `line`, then push it onto the line's queue."""
