@@ -20,7 +20,7 @@ function recordRow(record) {
   return el("tr", {"data-record": record.id},
     el("td", {}, open), el("td", {}, record.line), el("td", {}, record.business_no),
     statusCell(record.status), el("td", {class: "num"}, String(record.attempts)),
-    el("td", {}, timeEl(record.updated_at)), el("td", {}, timeEl(record.next_attempt_at)));
+    el("td", {}, timeEl(record.updated_at)), el("td", {}, record.status === "failed" ? timeEl(record.next_attempt_at) : "–"));
 }
 
 function searchParams(form) {
@@ -91,7 +91,7 @@ function renderDetail(record) {
     ...field("status", statusDd), ...field("line", record.line), ...field("business no.", record.business_no),
     ...field("source", record.source), ...field("attempts", String(record.attempts)),
     ...field("payload size", `${record.payload_bytes} bytes`),
-    ...field("next attempt", timeEl(record.next_attempt_at)), ...field("created", timeEl(record.created_at)),
+    ...field("next attempt", record.status === "failed" ? timeEl(record.next_attempt_at) : `none (${record.status})`), ...field("created", timeEl(record.created_at)),
     ...field("updated", timeEl(record.updated_at)), ...field("finished", timeEl(record.finished_at)),
     ...field("last error", record.last_error || "–"));
   const attempts = record.attempt_history.map((a) => el("tr", {"data-outcome": a.outcome},
