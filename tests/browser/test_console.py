@@ -269,8 +269,12 @@ def test_the_console_shows_trouble_at_desktop_and_phone_width(
     assert all(t.text == t.get_attribute("datetime") for t in times)
     overflow = sideways_overflow(browser)
     assert overflow <= 0, f"the page scrolls sideways by {overflow}px at {width[0]} px"
+    browser.execute_script("document.activeElement.blur()")
     shoot(browser, artifacts, f"console-{name}")
     if name == "phone":
+        # A tall phone: the header, the health strip and the first line's card.
+        browser.set_window_size(PHONE[0], 1500)
+        shoot(browser, artifacts, "console-phone-tall")
         browser.execute_script("document.getElementById('lines-title').scrollIntoView()")
         shoot(browser, artifacts, "console-phone-lines")
     else:
