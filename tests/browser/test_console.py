@@ -155,6 +155,19 @@ def test_a_bulk_cancel_counts_first_asks_a_reason_and_shows_what_it_did(
     found = browser.find_elements(By.CSS_SELECTOR, rows)
     assert {row.get_attribute("data-record") for row in found} == set(dead)
 
+    # The search: by business number, and a time that is not one is refused with why.
+    search = browser.find_element(By.ID, "search")
+    Select(search.find_element(By.NAME, "status")).select_by_value("")
+    search.find_element(By.NAME, "business_no").send_keys("R-1")
+    search.find_element(By.NAME, "since").send_keys("yesterday")
+    click(browser, "#search button[type=submit]")
+    wait(browser, lambda d: "Search refused" in text_of(d, "#search-result"), "the refusal")
+    assert "not an ISO 8601 time" in text_of(browser, "#search-result")
+    search.find_element(By.NAME, "since").clear()
+    click(browser, "#search button[type=submit]")
+    wait(browser, lambda d: "1 record(s) shown" in text_of(d, "#search-result"), "one record")
+    assert browser.find_element(By.CSS_SELECTOR, rows).get_attribute("data-record") == dead[1]
+
     form = browser.find_element(By.ID, "bulk")
     Select(form.find_element(By.NAME, "line")).select_by_value("refund")
     Select(form.find_element(By.NAME, "action")).select_by_value("cancel")
@@ -209,7 +222,13 @@ def test_a_line_is_paused_and_resumed_from_the_console(harness, browser, artifac
     assert client.get("/v1/lines").json()["lines"][2]["paused"] is True
     shoot(browser, artifacts, "1-paused")
 
-    click(browser, f'{card} button[data-action="resume"]')
+    # The page refreshes every 2 s; the keyboard's place stays on the line's button.
+    wait(
+        browser,
+        lambda d: d.switch_to.active_element.get_attribute("data-action") == "resume",
+        "the focus on the resume button, across refreshes",
+    )
+    browser.switch_to.active_element.send_keys("\n")
     wait(browser, lambda d: "PAUSED" not in text_of(d, card), "the resume")
     assert client.get("/v1/lines").json()["lines"][2]["paused"] is False
     actions = [a["action"] for a in client.get("/v1/audit", headers=ADMIN).json()["items"]]

@@ -1,9 +1,10 @@
 // The admin views: schedules (enable, disable), the audit log (a page at a time), replay.
 "use strict";
 
-import {$, api, el, hasToken, say, timeEl, typedTime, utc} from "./api.js";
+import {$, api, el, hasToken, keepingFocus, say, timeEl, typedTime, utc} from "./api.js";
 
 let auditNext = null;
+let auditPages = 0;
 
 async function switchSchedule(name, enable) {
   const result = $("#schedules-result");
@@ -32,7 +33,7 @@ export async function refreshSchedules() {
   const result = $("#schedules-result");
   try {
     const answer = await api("/v1/schedules", {admin: true});
-    $("#schedules-table tbody").replaceChildren(...answer.items.map(scheduleRow));
+    keepingFocus($("#schedules-table"), () => $("#schedules-table tbody").replaceChildren(...answer.items.map(scheduleRow)));
     $("#schedules-table").hidden = answer.items.length === 0;
     if (!answer.items.length) say(result, "No schedule. Add one with `pipeline schedules add`.");
     else if (!result.classList.contains("done") && !result.classList.contains("error")) say(result, "");
@@ -48,7 +49,9 @@ function auditRow(row) {
     el("td", {}, row.result ? JSON.stringify(row.result) : "–"), el("td", {}, row.reason || "–"));
 }
 
-export async function refreshAudit(more = false) {
+// `quiet`: a timer's refresh, which leaves older pages the operator opened alone.
+export async function refreshAudit(more = false, {quiet = false} = {}) {
+  if (quiet && auditPages > 1) return;
   const result = $("#audit-result");
   try {
     const after = more && auditNext ? "&after=" + encodeURIComponent(auditNext) : "";
@@ -57,6 +60,7 @@ export async function refreshAudit(more = false) {
     if (!more) body.replaceChildren();
     body.append(...answer.items.map(auditRow));
     auditNext = answer.next;
+    auditPages = more ? auditPages + 1 : 1;
     $("#audit-table").hidden = body.children.length === 0;
     $("#audit-older").hidden = !auditNext;
     say(result, body.children.length ? "" : "No operator action yet.");

@@ -98,3 +98,22 @@ export function say(node, text, kind = "") {
 }
 
 export const TROUBLE = new Set(["failed", "dead"]);
+
+// Re-render `container` with `render()` without taking the keyboard's place away: the
+// element that had focus in it is found again by its data attributes and focused.
+const KEYS = ["data-line", "data-record", "data-status", "data-control", "data-schedule"];
+export function keepingFocus(container, render) {
+  const active = document.activeElement;
+  let selector = null;
+  if (active && active !== document.body && container.contains(active)) {
+    const own = KEYS.filter((k) => active.hasAttribute(k)).map((k) => `[${k}="${CSS.escape(active.getAttribute(k))}"]`).join("");
+    const card = active.closest("[data-line]");
+    const scope = card && card !== active && container.contains(card) ? `[data-line="${CSS.escape(card.getAttribute("data-line"))}"] ` : "";
+    selector = own ? scope + active.tagName.toLowerCase() + own : null;
+  }
+  render();
+  if (selector) {
+    const again = container.querySelector(selector);
+    if (again) again.focus();
+  }
+}

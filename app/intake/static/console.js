@@ -41,9 +41,9 @@ function setUpToken() {
   onToken(() => { refreshAdmin(); refreshDetail().catch(() => {}); });
 }
 
-function refreshAdmin() {
+function refreshAdmin({quiet = false} = {}) {
   refreshSchedules();
-  refreshAudit();
+  refreshAudit(false, {quiet});
 }
 
 async function refresh() {
@@ -78,4 +78,4 @@ setUpAdmin();
 refreshSlow().then(refresh);
 refreshAdmin();
 setInterval(refresh, POLL_MS);
-setInterval(() => { refreshSlow(); refreshAdmin(); }, SLOW_POLL_MS);
+setInterval(() => { refreshSlow(); refreshAdmin({quiet: true}); }, SLOW_POLL_MS);

@@ -2,7 +2,7 @@
 // the last hour's chart, counts with trouble linked), and the alerts.
 "use strict";
 
-import {$, TROUBLE, age, api, el, say, timeEl, utc} from "./api.js";
+import {$, TROUBLE, age, api, el, keepingFocus, say, timeEl, utc} from "./api.js";
 
 const NAMES = {redis: "Redis", journal: "Journal", beat: "Beat", sweep: "Sweeper", schedules: "Schedules"};
 const TROUBLE_EVENTS = new Set(["TASK_DEAD", "NO_CONSUMER", "BROKER_DOWN", "JOURNAL_DOWN", "WORKER_STALLED", "QUEUE_FULL", "BACKLOG", "DOWNSTREAM_DOWN"]);
@@ -75,7 +75,7 @@ function countsList(line) {
   const counts = el("ul", {class: "counts", "aria-label": line.line + " records by status"});
   for (const [status, n] of Object.entries(line.counts).sort()) {
     if (TROUBLE.has(status) && n > 0) {
-      const link = el("a", {href: "#records-title", class: "trouble-link", "data-status": status}, `${status} ${n}`);
+      const link = el("a", {href: "#records-title", class: "trouble-link", "data-status": status}, `${status} ${n}`);  // found again by its card and status
       link.addEventListener("click", (event) => { event.preventDefault(); nav.showRecords({line: line.line, status}); });
       counts.append(el("li", {class: "trouble", "data-status": status}, link));
     } else {
@@ -105,7 +105,7 @@ function lineCard(line) {
   fill.style.width = pct + "%";
   const live = line.live_workers === null ? "unknown" : String(line.live_workers);
   const stalled = line.stalled_workers === null || line.stalled_workers === undefined ? "unknown" : String(line.stalled_workers);
-  const button = el("button", {type: "button", class: line.paused ? "primary" : "", "data-action": line.paused ? "resume" : "pause"},
+  const button = el("button", {type: "button", class: line.paused ? "primary" : "", "data-control": "pause", "data-action": line.paused ? "resume" : "pause"},
     line.paused ? `Resume ${line.line}` : `Pause ${line.line}`);
   button.addEventListener("click", () => pauseOrResume(line.line, !line.paused));
   const pausedNote = line.paused && line.pause
@@ -132,13 +132,7 @@ export function knownLines() { return lastLines; }
 export async function refreshLines() {
   const answer = await api("/v1/lines");
   lastLines = answer.lines;
-  const focused = document.activeElement && document.activeElement.closest("#lines") ? document.activeElement.getAttribute("data-action") : null;
-  const focusedLine = focused ? document.activeElement.closest("[data-line]").getAttribute("data-line") : null;
-  $("#lines").replaceChildren(...answer.lines.map(lineCard));
-  if (focusedLine) {
-    const again = $(`#lines [data-line="${focusedLine}"] .actions button`);
-    if (again) again.focus();  // a refresh never takes the keyboard's place away
-  }
+  keepingFocus($("#lines"), () => $("#lines").replaceChildren(...answer.lines.map(lineCard)));
   for (const select of document.querySelectorAll(".line-select")) {
     for (const line of answer.lines) {
       if (![...select.options].some((o) => o.value === line.line)) select.append(el("option", {value: line.line}, line.line));
@@ -168,7 +162,7 @@ export async function refreshAlerts() {
   const answer = await api("/v1/alerts?limit=50");
   const real = answer.alerts.filter((a) => !a.dry_run);
   const dry = answer.alerts.filter((a) => a.dry_run);
-  $("#alerts").replaceChildren(...(real.length ? real.map(alertItem) : [el("li", {}, "none yet")]));
+  keepingFocus($("#alerts"), () => $("#alerts").replaceChildren(...(real.length ? real.map(alertItem) : [el("li", {}, "none yet")])));
   const box = $("#dry-alerts");
   box.hidden = dry.length === 0;
   $("#dry-count").textContent = String(dry.length);

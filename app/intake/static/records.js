@@ -2,7 +2,7 @@
 // audit rows, retry and cancel of one record, and bulk actions on the dead and failed.
 "use strict";
 
-import {$, TROUBLE, api, el, say, timeEl, typedTime, utc} from "./api.js";
+import {$, TROUBLE, api, el, keepingFocus, say, timeEl, typedTime, utc} from "./api.js";
 
 const RETRYABLE = new Set(["failed", "dead", "rejected"]);
 const FINISHED = new Set(["done", "cancelled"]);
@@ -196,7 +196,7 @@ export function renderTrouble(lines) {
     };
     return el("tr", {"data-line": line.line}, el("td", {}, line.line), cell("dead"), cell("failed"));
   });
-  $("#trouble-table tbody").replaceChildren(...rows);
+  keepingFocus($("#trouble-table"), () => $("#trouble-table tbody").replaceChildren(...rows));
 }
 
 export function setUpRecords() {
