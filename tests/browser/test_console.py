@@ -93,6 +93,9 @@ def test_a_dead_record_goes_from_its_alert_to_its_detail_to_a_retry_to_done(
         alert = text_of(browser, alert_css)
         assert f"record {record_id} (ORD-DEAD-1) is dead after 2 attempts" in alert
         assert "attempts=2" in alert
+        # The chart counts the two failed attempts the worker made.
+        chart = '#lines [data-line="order"] .chart'
+        wait(browser, lambda d: "failed 2" in text_of(d, chart), "the failed attempts charted")
         shoot(browser, artifacts, "1-dead-alert")
 
         click(browser, f'{alert_css} button.open-record[data-record="{record_id}"]')
@@ -126,6 +129,7 @@ def test_a_dead_record_goes_from_its_alert_to_its_detail_to_a_retry_to_done(
         ]
         assert outcomes == ["failed", "failed", "done"]
         assert [r.answered for r in downstream.snapshot()] == [500, 500, 200]
+        wait(browser, lambda d: "done 1" in text_of(d, chart), "the delivery charted")
         shoot(browser, artifacts, "3-retried-done")
         assert resource_origins(browser) <= {str(client.base_url).rstrip("/")}
     finally:

@@ -2,7 +2,7 @@
 // only) and polls the intake.
 "use strict";
 
-import {$, onRefused, onToken, say, setToken, utc} from "./api.js";
+import {$, onRefused, onToken, setToken, utc} from "./api.js";
 import {refreshAudit, refreshSchedules, setUpAdmin} from "./admin.js";
 import {refreshAlerts, refreshHealth, refreshLines, refreshThroughput, setNavigation} from "./overview.js";
 import {openRecord, refreshDetail, renderTrouble, setUpRecords, showRecords} from "./records.js";
@@ -50,7 +50,7 @@ async function refresh() {
   const updated = $("#updated");
   try {
     await Promise.all([
-      refreshLines().then((lines) => renderTrouble(lines)),
+      refreshThroughput().catch(() => null).then(refreshLines).then((lines) => renderTrouble(lines)),
       refreshHealth(),
       refreshAlerts().catch(() => null),
       refreshDetail().catch(() => null),
@@ -63,19 +63,11 @@ async function refresh() {
   }
 }
 
-async function refreshSlow() {
-  try {
-    await refreshThroughput();
-  } catch (error) {
-    say($("#line-result"), "Throughput: " + error.message, "error");
-  }
-}
-
 setNavigation({showRecords, openRecord});
 setUpToken();
 setUpRecords();
 setUpAdmin();
-refreshSlow().then(refresh);
+refresh();
 refreshAdmin();
 setInterval(refresh, POLL_MS);
-setInterval(() => { refreshSlow(); refreshAdmin({quiet: true}); }, SLOW_POLL_MS);
+setInterval(() => refreshAdmin({quiet: true}), SLOW_POLL_MS);
