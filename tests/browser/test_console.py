@@ -9,9 +9,12 @@ import pytest
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import Select
 
+from app.clock import utcnow
 from app.journal.models import RecordStatus
 from app.observe.events import Event
 from app.observe.telemetry import Counter
+from app.schedules.cron import Misfire
+from app.schedules.store import add
 from tests.support.browser import (
     DESKTOP,
     PHONE,
@@ -205,6 +208,80 @@ def test_a_bulk_cancel_counts_first_asks_a_reason_and_shows_what_it_did(
         timeout_s=20,
     )
     shoot(browser, artifacts, "2-bulk-cancelled")
+
+    # One record, found by its id: a cancel asks for a reason, then says what it did.
+    search.find_element(By.NAME, "business_no").clear()
+    search.find_element(By.NAME, "id").send_keys(other)
+    click(browser, "#search button[type=submit]")
+    detail = browser.find_element(By.ID, "detail")
+    wait(browser, lambda d: detail.get_attribute("data-status") == "dead", "the record's detail")
+    click(browser, "#record-cancel")
+    wait(browser, lambda d: "reason is required" in text_of(d, "#action-result"), "the ask")
+    assert record_status(client, other) == "dead"
+    browser.find_element(By.CSS_SELECTOR, "#record-actions input[name=reason]").send_keys("dup")
+    click(browser, "#record-cancel")
+    wait(browser, lambda d: detail.get_attribute("data-status") == "cancelled", "the cancel")
+    assert "Cancelled at" in text_of(browser, "#action-result")
+    assert "(reason: dup)" in text_of(browser, "#detail-audit")
+    assert not browser.find_element(By.ID, "record-cancel").is_enabled()
+    assert record_status(client, other) == "cancelled"
+    shoot(browser, artifacts, "3-one-cancelled")
+
+
+def test_a_schedule_is_disabled_and_enabled_and_the_token_is_never_stored(
+    harness, browser, artifacts
+):
+    harness.configure(admin_token=TOKEN)
+    rt = harness.runtime()
+    with rt.engine.begin() as conn:
+        add(
+            conn,
+            name="nightly-report",
+            cron="30 2 * * *",
+            timezone="Asia/Shanghai",
+            line="order",
+            payload={},
+            misfire=Misfire.FIRE_ONCE,
+            catchup_window_s=3600,
+            now=utcnow(),
+        )
+    client = harness.start_intake()
+    open_console(browser, client)
+    assert "Needs the admin token" in text_of(browser, "#schedules-result")
+    enter_token(browser, TOKEN)
+    row = '#schedules-table tr[data-schedule="nightly-report"]'
+    wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, row), "the schedule")
+    shown = text_of(browser, row)
+    for part in ("30 2 * * *", "Asia/Shanghai", "fire_once", "order", "yes"):
+        assert part in shown
+    next_fire = browser.find_elements(By.CSS_SELECTOR, f"{row} time")[-1]
+    assert next_fire.text.endswith(":30:00Z")  # 02:30 in Shanghai is 18:30 UTC
+    assert next_fire.text == next_fire.get_attribute("datetime")
+
+    click(browser, f'{row} button[data-schedule="nightly-report"]')
+    wait(browser, lambda d: "Enable nightly-report" in text_of(d, row), "the disable")
+    listed = client.get("/v1/schedules", headers=ADMIN).json()["items"]
+    assert listed[0]["enabled"] is False
+    click(browser, f'{row} button[data-schedule="nightly-report"]')
+    wait(browser, lambda d: "Disable nightly-report" in text_of(d, row), "the enable")
+    wait(browser, lambda d: "schedule_enable" in text_of(d, "#audit-table"), "the audit rows", 20)
+    assert "schedule_disable" in text_of(browser, "#audit-table")
+    shoot(browser, artifacts, "1-schedules")
+
+    # The token lives in the page's memory only: no storage, no cookie, not in the DOM.
+    stored = browser.execute_script(
+        "return [localStorage.length, sessionStorage.length, document.cookie]"
+    )
+    assert stored == [0, 0, ""]
+    assert TOKEN not in browser.page_source
+    browser.refresh()  # a new page: the token is asked for again
+    wait(
+        browser,
+        lambda d: "needs the admin token" in text_of(d, "#token-state"),
+        "the token asked for again",
+    )
+    assert "Needs the admin token" in text_of(browser, "#schedules-result")
+    assert "Token set" not in text_of(browser, "#token-state")
 
 
 def test_a_line_is_paused_and_resumed_from_the_console(harness, browser, artifacts):

@@ -90,6 +90,19 @@ def test_status_page_shows_lines_alerts_and_a_dry_run_replay(harness, browser, a
     with redis.Redis.from_url(harness.env["PIPELINE_REDIS_URL"]) as r:
         assert r.llen("refund") == 30  # a dry run changes nothing
 
+    # The record browser pages by keyset: 25 records, then the next page.
+    search = browser.find_element(By.ID, "search")
+    Select(search.find_element(By.NAME, "line")).select_by_value("refund")
+    search.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+    rows = "#record-list tbody tr"
+    wait(browser, lambda d: len(d.find_elements(By.CSS_SELECTOR, rows)) == 25, "a first page")
+    browser.find_element(By.ID, "next-page").click()
+    wait(browser, lambda d: len(d.find_elements(By.CSS_SELECTOR, rows)) == 30, "the next page")
+    assert not browser.find_element(By.ID, "next-page").is_displayed()
+    ids = [row.get_attribute("data-record") for row in browser.find_elements(By.CSS_SELECTOR, rows)]
+    assert ids == sorted(ids)
+    assert len(set(ids)) == 30
+
     # Nothing came from outside, and no payload or token reached the page.
     assert resource_origins(browser) <= {base}
     assert "PAYLOAD-SECRET-4111" not in browser.page_source

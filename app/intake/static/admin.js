@@ -4,6 +4,12 @@
 import {$, api, el, hasToken, keepingFocus, say, timeEl, typedTime, utc} from "./api.js";
 
 let auditNext = null;
+
+function refusal(what, error) {
+  if (error.status === 401) return "Needs the admin token: enter it above.";
+  if (error.status === 403) return "The admin token is not valid: enter another above.";
+  return `${what}: ${error.message}`;
+}
 let auditPages = 0;
 
 async function switchSchedule(name, enable) {
@@ -39,7 +45,7 @@ export async function refreshSchedules() {
     else if (!result.classList.contains("done") && !result.classList.contains("error")) say(result, "");
   } catch (error) {
     $("#schedules-table").hidden = true;
-    say(result, "Schedules: " + error.message, error.status === 401 || error.status === 403 ? "" : "error");
+    say(result, refusal("Schedules", error), error.status === 401 ? "" : "error");
   }
 }
 
@@ -66,7 +72,7 @@ export async function refreshAudit(more = false, {quiet = false} = {}) {
     say(result, body.children.length ? "" : "No operator action yet.");
   } catch (error) {
     $("#audit-table").hidden = true;
-    say(result, "Audit log: " + error.message, error.status === 401 || error.status === 403 ? "" : "error");
+    say(result, refusal("Audit log", error), error.status === 401 ? "" : "error");
   }
 }
 
