@@ -379,3 +379,9 @@ def test_the_console_shows_trouble_at_desktop_and_phone_width(
         shoot(browser, artifacts, "console-phone-lines")
     else:
         shoot(browser, artifacts, "console-desktop-full", full_page=True)
+    # The trouble links to those records: the record browser, filtered to them.
+    click(browser, dead)
+    rows = "#record-list tbody tr"
+    wait(browser, lambda d: len(d.find_elements(By.CSS_SELECTOR, rows)) == 2, "the dead records")
+    statuses = {r.text for r in browser.find_elements(By.CSS_SELECTOR, f"{rows} td.status")}
+    assert statuses == {"DEAD"}
