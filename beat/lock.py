@@ -21,10 +21,11 @@ import redis
 
 from app.clock import utcnow
 from app.logs import get_logger
+from app.observe.health import LOCK_KEY
 
 log = get_logger(__name__)
 
-LOCK_KEY = "pipeline:beat:lock"
+__all__ = ["LOCK_KEY", "BeatLock", "Renewer"]
 
 _RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then

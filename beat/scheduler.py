@@ -20,6 +20,7 @@ from app.clock import utcnow
 from app.errors import PipelineError
 from app.logs import get_logger
 from app.observe.events import Event
+from app.observe.health import note_active_beat, note_sweep
 from app.runtime import Runtime
 from beat.lock import BeatLock, Renewer
 from beat.maintenance import Job, MaintenanceThreads
@@ -74,7 +75,7 @@ class PipelineScheduler(Scheduler):
             Job(
                 name="sweep",
                 interval_s=settings.sweep_interval_seconds,
-                run=lambda: rt.sweeper.sweep(now=utcnow()),
+                run=self._sweep,
             ),
             Job(
                 name="lost_messages",
@@ -94,6 +95,12 @@ class PipelineScheduler(Scheduler):
                 thread="retention",
             ),
         ]
+
+    def _sweep(self) -> None:
+        """One sweep, then its time noted for the console's health strip."""
+        rt = self.runtime
+        rt.sweeper.sweep(now=utcnow())
+        note_sweep(rt.redis, at=utcnow())
 
     def _maintaining(self) -> bool:
         """Whether maintenance may go on: this beat holds the lock and is not stopping."""
@@ -142,6 +149,10 @@ class PipelineScheduler(Scheduler):
         active_since = self.lock.active_since()
         if active_since is not None:
             maintenance.ensure_running()
+            lock = self.lock
+            note_active_beat(
+                self.runtime.redis, identity=lock.identity, since=active_since, ttl_s=lock.ttl_s
+            )
             try:
                 self.runtime.firer.fire_due(now=utcnow(), active_since=active_since)
             except PipelineError as exc:

@@ -13,7 +13,16 @@ from fastapi import FastAPI
 from app.clock import utcnow
 from app.delivery.group_commit import GroupAccept
 from app.errors import ConfigError
-from app.intake import docs, errors, routes, routes_audit, routes_lines, routes_records
+from app.intake import (
+    docs,
+    errors,
+    routes,
+    routes_audit,
+    routes_console,
+    routes_lines,
+    routes_records,
+    routes_schedules,
+)
 from app.intake.exposure import LoopbackOnly, check_keys_or_dev_mode
 from app.intake.limits import RequestLimits
 from app.intake.pacing import pacers_for
@@ -68,6 +77,8 @@ def create_app(settings: Settings) -> FastAPI:
     )
     if settings.in_dev_mode:
         app.add_middleware(LoopbackOnly)  # added last: the outermost, before any limit
+    app.include_router(routes_console.router)
+    app.include_router(routes_schedules.router)
     app.include_router(routes_records.router)
     app.include_router(routes.router)
     app.include_router(routes_audit.router)

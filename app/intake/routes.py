@@ -7,12 +7,11 @@ import hmac
 import random
 import time
 from datetime import datetime
-from importlib import resources
 from typing import Annotated, Any
 
 import anyio
 from fastapi import APIRouter, Depends, Path, Query, Request, Security
-from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
 from sqlalchemy import text
@@ -38,17 +37,16 @@ from app.intake.errors import count_outcomes
 from app.intake.openapi_doc import ADMIN_BEARER, REQUEST_SIGNATURE
 from app.intake.pacing import Pacer
 from app.intake.signing import MAX_NONCE_LENGTH, Caller, verify
-from app.intake.views import line_status_view, record_view
-from app.journal import attempt_log, store
+from app.intake.views import alert_view, line_status_view, record_view
+from app.journal import attempt_log, audit, store
 from app.journal.models import RecordStatus, Source
 from app.journal.store import NewRecord
 from app.observe.metrics import CONTENT_TYPE, render
-from app.observe.telemetry import Counter, IntakeOutcome, recent_alerts
+from app.observe.telemetry import RECENT_ALERTS, Counter, IntakeOutcome, recent_alerts
 from app.recovery.replay import DEFAULT_STATUSES, ReplayFilter
 from app.runtime import Runtime
 
 router = APIRouter()
-STATUS_PAGE = resources.files("app.intake").joinpath("static", "status.html")
 _OUTCOME_BY_STATUS = {
     RecordStatus.ENQUEUED: IntakeOutcome.ACCEPTED,
     RecordStatus.RECEIVED: IntakeOutcome.RECEIVED,
@@ -56,6 +54,8 @@ _OUTCOME_BY_STATUS = {
     RecordStatus.REJECTED: IntakeOutcome.REJECTED,
 }
 _rng = random.Random()  # noqa: S311 - backoff jitter, not cryptography
+# The audit rows a record's detail shows, newest first: a record is acted on a few times.
+RECORD_AUDIT_ROWS = 50
 # A rejected record's caller is asked to wait this long: a queue drains in seconds.
 QUEUE_FULL_RETRY_AFTER_S = 5
 
@@ -215,14 +215,24 @@ def lines(rt: RuntimeDep) -> dict[str, Any]:
 
 
 @router.get("/v1/alerts", responses=errors_doc(*COMMON))
-def alerts(rt: RuntimeDep, limit: Annotated[int, Query(ge=1, le=50)] = 20) -> dict[str, Any]:
-    """The newest alerts first: event, line, time, count and message (no details)."""
+def alerts(
+    rt: RuntimeDep,
+    limit: Annotated[int, Query(ge=1, le=RECENT_ALERTS)] = 20,
+    dry_run: Annotated[
+        bool | None,
+        Query(description="true: only the alerts of dry runs; false: none of them"),
+    ] = None,
+) -> dict[str, Any]:
+    """The newest alerts first: event, line, time, count, its reason (the message), its
+    figures (numbers and names, never an error's text) and whether a dry run raised it."""
     try:
-        items = recent_alerts(rt.redis, limit=limit)
+        items = recent_alerts(rt.redis)
     except BrokerUnavailable as exc:
         raise BrokerUnavailable("the alert history is unavailable") from exc
-    keys = ("event", "line", "time", "count", "message")
-    return {"alerts": [{key: item.get(key) for key in keys} for item in items]}
+    shown = [alert_view(item) for item in items]
+    if dry_run is not None:
+        shown = [alert for alert in shown if alert["dry_run"] is dry_run]
+    return {"alerts": shown[:limit]}
 
 
 @router.get(
@@ -242,27 +252,29 @@ async def metrics(rt: RuntimeDep) -> Response:
     return Response(body, media_type=CONTENT_TYPE)
 
 
-@router.get("/", include_in_schema=False)
-def status_page() -> HTMLResponse:
-    """The pipeline's status page: it polls `/v1/lines` and `/v1/alerts`."""
-    return HTMLResponse(STATUS_PAGE.read_text(encoding="utf-8"))
-
-
 @router.get(
     "/v1/records/{record_id}",
     dependencies=[Depends(require_admin)],
     responses=errors_doc(*ADMIN, 404),
 )
 def get_record(
-    record_id: Annotated[str, Path(max_length=128, pattern=r"^[^\x00]*$")], rt: RuntimeDep
+    record_id: Annotated[str, Path(max_length=128, pattern=r"^[^\x00]*$")],
+    rt: RuntimeDep,
+    include_payload: Annotated[
+        bool, Query(description="false: the payload's size only (`payload_bytes`)")
+    ] = True,
 ) -> dict[str, Any]:
-    """The record, with its attempts (`attempt_history`, oldest first)."""
+    """The record, with its attempts (`attempt_history`, oldest first), its payload's size
+    and the audit rows about it (`audit`, newest first)."""
     with rt.journal.reading() as conn:
         record = store.get_record(conn, record_id)
-        history = attempt_log.history(conn, record_id) if record is not None else []
-    if record is None:
-        raise RecordNotFound(f"no record {record_id!r}")
-    return record_view(record, history)
+        if record is None:
+            raise RecordNotFound(f"no record {record_id!r}")
+        history = attempt_log.history(conn, record_id)
+        rows = audit.newest(conn, limit=RECORD_AUDIT_ROWS, target=f"record:{record_id}")
+    view = record_view(record, history, include_payload=include_payload)
+    view["audit"] = [row.public() for row in rows]
+    return view
 
 
 class ReplayRequest(BaseModel):

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Depends, Query
 from pydantic import AfterValidator
 
 from app.ids import is_id
-from app.intake.routes import ADMIN, RuntimeDep, errors_doc, require_admin
+from app.intake.routes import ADMIN, RuntimeDep, Text, errors_doc, require_admin
 from app.journal import audit
 
 router = APIRouter()
@@ -32,12 +32,21 @@ def list_audit(
     rt: RuntimeDep,
     limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = DEFAULT_PAGE,
     after: Annotated[Cursor | None, Query(description="The `next` of the page before.")] = None,
+    target: Annotated[
+        Text | None,
+        Query(
+            min_length=1,
+            max_length=256,
+            description="Only the rows about this target: `record:<id>`, `line:<name>`, "
+            "`schedule:<name>`.",
+        ),
+    ] = None,
 ) -> dict[str, Any]:
     """Operator actions, newest first: who did what to which records, lines or schedules,
-    with what parameters and result, and why. `next` is the cursor of the following
-    (older) page, null on the last."""
+    with what parameters and result, and why; `target`: only those about one of them.
+    `next` is the cursor of the following (older) page, null on the last."""
     with rt.journal.reading() as conn:
-        entries = audit.newest(conn, limit=limit + 1, before=after)
+        entries = audit.newest(conn, limit=limit + 1, before=after, target=target)
     page = entries[:limit]
     return {
         "items": [entry.public() for entry in page],

@@ -54,6 +54,9 @@ def list_records(  # noqa: PLR0913 - the filters of the query string, one argume
     max_attempts: Annotated[AttemptBound | None, Query()] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     after: Annotated[Text | None, Query(max_length=26)] = None,
+    include_payload: Annotated[
+        bool, Query(description="false: each payload's size only (`payload_bytes`)")
+    ] = True,
 ) -> dict[str, Any]:
     """Records by id, filtered; `next` is the cursor for the following page."""
     where = RecordFilter(
@@ -72,7 +75,7 @@ def list_records(  # noqa: PLR0913 - the filters of the query string, one argume
         items = store.list_records(conn, where, limit=limit + 1, after=after)
     page = items[:limit]
     return {
-        "items": [record_view(record) for record in page],
+        "items": [record_view(record, include_payload=include_payload) for record in page],
         "next": page[-1].id if len(items) > limit else None,
     }
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -10,10 +11,19 @@ from app.journal.models import Record
 from app.observe.line_view import LineStatus
 
 
-def record_view(record: Record, history: Sequence[Attempt] | None = None) -> dict[str, Any]:
-    """A record as `GET /v1/records…` shows it: times in ISO 8601 UTC. With `history`
-    (the record's attempts, oldest first), it shows them as `attempt_history`; `attempts`
-    stays their count."""
+def payload_bytes(record: Record) -> int:
+    """The size of the record's payload, as compact JSON in UTF-8."""
+    text = json.dumps(record.payload, separators=(",", ":"), ensure_ascii=False)
+    return len(text.encode())
+
+
+def record_view(
+    record: Record, history: Sequence[Attempt] | None = None, *, include_payload: bool = True
+) -> dict[str, Any]:
+    """A record as `GET /v1/records…` shows it: times in ISO 8601 UTC, and its payload's
+    size (`payload_bytes`). With `history` (the record's attempts, oldest first), it shows
+    them as `attempt_history`; `attempts` stays their count. Without `include_payload`,
+    the payload itself is left out (the console never shows it)."""
     view: dict[str, Any] = {
         "id": record.id,
         "line": record.line,
@@ -23,12 +33,15 @@ def record_view(record: Record, history: Sequence[Attempt] | None = None) -> dic
         "status": record.status.value,
         "attempts": record.attempts,
         "payload": record.payload,
+        "payload_bytes": payload_bytes(record),
         "last_error": record.last_error,
         "created_at": record.created_at.isoformat(),
         "updated_at": record.updated_at.isoformat(),
         "finished_at": record.finished_at.isoformat() if record.finished_at else None,
         "next_attempt_at": record.next_attempt_at.isoformat() if record.next_attempt_at else None,
     }
+    if not include_payload:
+        del view["payload"]
     if history is not None:
         view["attempt_history"] = [attempt.public() for attempt in history]
     return view
@@ -42,8 +55,41 @@ def line_status_view(row: LineStatus) -> dict[str, object]:
         "max_queue_length": row.max_queue_length,
         "overflow": row.overflow,
         "live_workers": row.live_workers,
+        "stalled_workers": row.stalled_workers,
         "counts": row.counts,
         "oldest_unfinished_age_s": row.oldest_unfinished_age_s,
         "paused": row.paused,
         "pause": None if row.pause is None else row.pause.public(),
+    }
+
+
+# An alert's figures are its details but these (an error's text may quote a downstream's
+# answer), and but strings longer than this.
+_NOT_FIGURES = frozenset({"error"})
+MAX_FIGURE_TEXT = 128
+
+
+def alert_view(alert: dict[str, Any]) -> dict[str, Any]:
+    """An alert as `GET /v1/alerts` shows it: event, line, time, count, `reason` (and
+    `message`, the same sentence), its `figures`, and `dry_run`."""
+    details = alert.get("details")
+    details = details if isinstance(details, dict) else {}
+    figures = {
+        key: value
+        for key, value in details.items()
+        if key not in _NOT_FIGURES
+        and (
+            isinstance(value, bool | int | float)
+            or (isinstance(value, str) and len(value) <= MAX_FIGURE_TEXT)
+        )
+    }
+    return {
+        "event": alert.get("event"),
+        "line": alert.get("line"),
+        "time": alert.get("time"),
+        "count": alert.get("count"),
+        "message": alert.get("message"),
+        "reason": alert.get("message"),
+        "figures": figures,
+        "dry_run": details.get("dry_run") is True,
     }

@@ -110,12 +110,17 @@ def write(  # noqa: PLR0913 - one row's columns, keyword-only
     return entry
 
 
-def newest(conn: Connection, *, limit: int, before: str | None = None) -> list[AuditEntry]:
+def newest(
+    conn: Connection, *, limit: int, before: str | None = None, target: str | None = None
+) -> list[AuditEntry]:
     """The newest `limit` rows, newest first; `before`: only those older than that id (the
-    cursor of the previous page)."""
+    cursor of the previous page); `target`: only those whose target is that one (e.g.
+    `record:<id>`, `line:order`, `schedule:nightly`)."""
     query = select(audit_log).order_by(audit_log.c.id.desc()).limit(limit)
     if before is not None:
         query = query.where(audit_log.c.id < before)
+    if target is not None:
+        query = query.where(audit_log.c.target == target)
     return [
         AuditEntry(
             id=row.id,

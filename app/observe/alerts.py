@@ -85,6 +85,7 @@ class Alerter:
                     "time": alert.time.isoformat(),
                     "count": alert.count,
                     "message": alert.message,
+                    "details": alert.details,
                 }
             )
         if self._thread is None:

@@ -19,7 +19,7 @@ from app.journal import store
 from app.journal.journal import Journal
 from app.journal.pauses import LinePause
 from app.lines import LineRegistry
-from app.observe.liveness import live_workers
+from app.observe.liveness import worker_beats
 from app.observe.recent import Recent
 
 # How old the journal's counts may be when they are answered: an open status page asks
@@ -54,6 +54,9 @@ class LineStatus:
     oldest_unfinished_age_s: float | None
     # Paused by an operator: no attempt starts and nothing is pushed until it resumes.
     pause: LinePause | None = None
+    # Workers whose heartbeat lives but whose consumer takes nothing (not live); None when
+    # Redis does not answer.
+    stalled_workers: int | None = None
 
     @property
     def paused(self) -> bool:
@@ -74,6 +77,7 @@ class QueueView:
 
     depth: int
     live_workers: int
+    stalled_workers: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -118,13 +122,16 @@ class LineView:
 
     def queue_views(self) -> dict[str, QueueView]:
         """Queue depth and live workers per line. Raises `BrokerUnavailable`."""
-        return {
-            line.name: QueueView(
+        views = {}
+        for line in self.lines:
+            beats = worker_beats(self.redis, line.name)
+            stalled = sum(1 for beat in beats if beat.stalled)
+            views[line.name] = QueueView(
                 depth=self.queues.depth(line.queue),
-                live_workers=len(live_workers(self.redis, line.name)),
+                live_workers=len(beats) - stalled,
+                stalled_workers=stalled,
             )
-            for line in self.lines
-        }
+        return views
 
     def line_statuses(self, *, now: datetime) -> list[LineStatus]:
         """Every line's status. Depth and live workers are None when Redis does not answer.
@@ -147,6 +154,7 @@ class LineView:
                     max_queue_length=line.settings.max_queue_length,
                     overflow=line.settings.overflow.value,
                     live_workers=queue.live_workers if queue else None,
+                    stalled_workers=queue.stalled_workers if queue else None,
                     counts=journal.counts.get(line.name, {}),
                     oldest_unfinished_age_s=(now - started).total_seconds() if started else None,
                     pause=paused.get(line.name),

@@ -3,8 +3,10 @@ outcomes, records done and dead, sweeper re-enqueues, alerts raised) and the las
 
 Each process adds to local counts, which one background thread folds into Redis every
 second (`HINCRBY` on one hash, pipelined), so `/metrics` on any intake sums every process
-on every host. Counting never blocks or fails the caller: while Redis is away the counts
-wait in memory and go with the next flush."""
+on every host. Outcomes (done, failed, dead) also go into per-minute buckets per line
+(`app.observe.throughput`), in the minute they were counted. Counting never blocks or
+fails the caller: while Redis is away the counts wait in memory and go with the next
+flush."""
 
 from __future__ import annotations
 
@@ -12,13 +14,17 @@ import json
 import threading
 from collections import Counter as Tally
 from collections import deque
+from collections.abc import Callable
+from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
 import redis
 
+from app.clock import utcnow
 from app.errors import BrokerUnavailable
 from app.logs import get_logger
+from app.observe import throughput
 from app.redis_client import as_text
 
 log = get_logger(__name__)
@@ -60,6 +66,14 @@ class IntakeOutcome(StrEnum):
     RATE_LIMITED = "rate_limited"  # 429 before the journal: over the line's intake rate
 
 
+# The counters that are also counted per minute, and as what.
+_PER_MINUTE = {
+    Counter.DONE: throughput.Outcome.DONE,
+    Counter.FAILED: throughput.Outcome.FAILED,
+    Counter.DEAD: throughput.Outcome.FAILED,
+}
+
+
 def encode(counter: Counter, labels: dict[str, str]) -> str:
     """The hash field of one counter series: `name|key=value|...`, keys sorted."""
     return _FIELD_SEPARATOR.join([counter.value, *(f"{k}={labels[k]}" for k in sorted(labels))])
@@ -75,10 +89,19 @@ def decode(field: str) -> tuple[str, dict[str, str]]:
 class Telemetry:
     """One process's counts and alerts on their way to Redis."""
 
-    def __init__(self, client: redis.Redis, *, interval_s: float = FLUSH_INTERVAL_S) -> None:
+    def __init__(
+        self,
+        client: redis.Redis,
+        *,
+        interval_s: float = FLUSH_INTERVAL_S,
+        clock: Callable[[], datetime] = utcnow,
+    ) -> None:
         self._client = client
         self._interval_s = interval_s
+        self._clock = clock
         self._counts: Tally[str] = Tally()
+        # (bucket key, field) -> amount: the per-minute outcomes not yet in Redis.
+        self._minutes: Tally[tuple[str, str]] = Tally()
         self._alerts: deque[str] = deque(maxlen=RECENT_ALERTS)
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
@@ -89,12 +112,17 @@ class Telemetry:
         """Add `amount` to one series. Never raises, never waits on Redis."""
         if amount <= 0:
             return
+        outcome = _PER_MINUTE.get(counter)
+        line = labels.get("line")
         with self._lock:
             self._counts[encode(counter, labels)] += amount
+            if outcome is not None and line:
+                minute_s = throughput.minute_of(self._clock())
+                self._minutes[throughput.bucket_key(line, minute_s), outcome.value] += amount
             self._ensure_thread()
 
     def note_alert(self, alert: dict[str, Any]) -> None:
-        """Keep `alert` (event, line, time, count, message) for the status page."""
+        """Keep `alert` (event, line, time, count, message, details) for the console."""
         with self._lock:
             self._alerts.append(json.dumps(alert, default=str))
             self._ensure_thread()
@@ -108,6 +136,7 @@ class Telemetry:
         """Send what is pending; True when Redis took it (else it stays pending)."""
         with self._lock:
             counts, self._counts = self._counts, Tally()
+            minutes, self._minutes = self._minutes, Tally()
             alerts = list(self._alerts)
             self._alerts.clear()
         if not counts and not alerts:
@@ -116,6 +145,9 @@ class Telemetry:
             with self._client.pipeline(transaction=False) as pipe:
                 for field, amount in counts.items():
                     pipe.hincrby(COUNTERS_KEY, field, amount)
+                for (key, field), amount in minutes.items():
+                    pipe.hincrby(key, field, amount)
+                    pipe.expire(key, throughput.KEEP_S)
                 if alerts:
                     pipe.lpush(ALERTS_KEY, *alerts)
                     pipe.ltrim(ALERTS_KEY, 0, RECENT_ALERTS - 1)
@@ -123,6 +155,7 @@ class Telemetry:
         except redis.RedisError as exc:
             with self._lock:
                 self._counts.update(counts)
+                self._minutes.update(minutes)
                 self._alerts.extendleft(reversed(alerts))
             log.debug("telemetry_flush_failed", error=type(exc).__name__)
             return False

@@ -178,3 +178,11 @@ def record_fired(
         )
         .values(last_fire_at=through, next_fire_at=next_at, updated_at=now)
     )
+
+
+def get(conn: Connection, name: str) -> Schedule:
+    """The schedule named `name`. Raises `ScheduleNotFound`."""
+    row = conn.execute(select(schedules).where(schedules.c.name == name)).first()
+    if row is None:
+        raise ScheduleNotFound(f"no schedule {name!r}")
+    return Schedule.from_row(row)

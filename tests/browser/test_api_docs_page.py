@@ -133,7 +133,7 @@ def fetch_elsewhere(driver) -> str:
 def test_docs_render_the_operations_with_no_other_host_reachable(
     harness, browser, proxy, artifacts
 ):
-    harness.configure(intake_keys=json.dumps({KEY_ID: SECRET}), admin_token="docs-admin")
+    harness.configure(intake_keys=json.dumps({KEY_ID: SECRET}), admin_token="docs-admin-token-x")
     client = harness.start_intake()
     base = str(client.base_url).rstrip("/")
     document = client.get("/openapi.json").json()

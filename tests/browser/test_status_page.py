@@ -1,83 +1,29 @@
-"""The status page at `/`, in headless Chromium (Debian's chromium and chromium-driver,
-driven by Selenium): three lines, a fuller bar for the line the test fills, the last alerts,
-and a dry-run replay from the form. Screenshots at laptop and phone width are saved under
-the test's temporary directory (or in `PIPELINE_TEST_ARTIFACTS`, when it names one)."""
+"""The console's overview at `/`, in headless Chromium: three lines, a fuller bar for the
+line the test fills, the last alerts, and a dry-run replay from the form (refused with a
+wrong token, counted with the right one). Nothing is fetched from elsewhere and no
+payload reaches the page. Screenshots at laptop and phone width are saved as artifacts."""
 
 from __future__ import annotations
 
-import os
-import shutil
-from pathlib import Path
-
 import pytest
 import redis
-from selenium import webdriver
-from selenium.common.exceptions import TimeoutException
-from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
-from selenium.webdriver.support.ui import Select, WebDriverWait
+from selenium.webdriver.support.ui import Select
 
-from tests.support.services import require
+from tests.support.browser import (
+    DESKTOP,
+    PHONE,
+    enter_token,
+    resource_origins,
+    shoot,
+    sideways_overflow,
+    wait,
+)
 
 # HTTP, Redis or the browser: the journal's database plays no part.
 pytestmark = pytest.mark.journal_independent
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
-# The older switch that makes a missing browser a failure; CI=... now does it for every
-# optional service (see tests/support/services.py).
-REQUIRE_BROWSER = "PIPELINE_TEST_REQUIRE_BROWSER"
 ADMIN_TOKEN = "page-admin-token"
-# As root, with no network: no sandbox, and none of Chromium's own background connections.
-CHROMIUM_FLAGS = [
-    "--headless=new",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-dev-shm-usage",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--hide-scrollbars",
-]
-
-
-@pytest.fixture
-def browser(tmp_path):
-    require(
-        Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists(),
-        "Debian's chromium and chromium-driver are not installed (.ci/run installs them)",
-        also_when=REQUIRE_BROWSER,
-    )
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for flag in [*CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'chromium-profile'}"]:
-        options.add_argument(flag)
-    service = Service(CHROMEDRIVER, log_output=str(tmp_path / "chromedriver.log"))
-    driver = webdriver.Chrome(service=service, options=options)
-    driver.set_page_load_timeout(30)
-    driver.set_script_timeout(30)
-    try:
-        yield driver
-    finally:
-        driver.quit()
-
-
-@pytest.fixture
-def artifacts(tmp_path) -> Path:
-    """Where the screenshots go: never into the source tree unless asked to."""
-    chosen = os.environ.get("PIPELINE_TEST_ARTIFACTS")
-    directory = Path(chosen) if chosen else tmp_path / "artifacts"
-    directory.mkdir(parents=True, exist_ok=True)
-    return directory
-
-
-def wait(driver, predicate, what: str, timeout_s: float = 20):
-    try:
-        return WebDriverWait(driver, timeout_s, poll_frequency=0.2).until(predicate)
-    except TimeoutException:
-        raise AssertionError(f"timed out waiting for {what}") from None
 
 
 def fill(driver, line: str) -> float:
@@ -109,7 +55,7 @@ def test_status_page_shows_lines_alerts_and_a_dry_run_replay(harness, browser, a
         assert client.post("/v1/status", json=body).status_code == 202
     base = str(client.base_url).rstrip("/")
 
-    browser.set_window_size(1280, 1000)
+    browser.set_window_size(*DESKTOP)
     browser.get(base + "/")
     wait(browser, lambda d: len(shown_lines(d)) == 3, "the three lines")
     assert shown_lines(browser) == ["order", "refund", "status"]
@@ -124,18 +70,19 @@ def test_status_page_shows_lines_alerts_and_a_dry_run_replay(harness, browser, a
     assert "deferred 2" in status
     assert "live workers\n0" in refund
     wait(browser, lambda d: "QUEUE_FULL" in d.find_element(By.ID, "alerts").text, "the alert")
+    alert = browser.find_element(By.CSS_SELECTOR, '#alerts [data-event="QUEUE_FULL"]').text
+    assert "is full (3/3); policy defer" in alert  # its reason
+    assert "limit=3" in alert  # and its figures
 
-    # The replay form: refused without the token, then a dry run with it.
+    # The replay form: refused with a wrong token, then a dry run with the right one.
+    enter_token(browser, "wrong-token")
     form = browser.find_element(By.ID, "replay")
     Select(form.find_element(By.NAME, "line")).select_by_value("refund")
-    form.find_element(By.NAME, "token").send_keys("wrong-token")
     browser.find_element(By.ID, "replay-dry").click()
     result = browser.find_element(By.ID, "replay-result")
     wait(browser, lambda d: "refused" in result.text, "the refused replay")
     assert "admin token is not valid" in result.text
-    token = form.find_element(By.NAME, "token")
-    token.clear()
-    token.send_keys(ADMIN_TOKEN)
+    enter_token(browser, ADMIN_TOKEN)
     browser.find_element(By.ID, "replay-dry").click()
     wait(browser, lambda d: result.text.startswith("Dry run:"), "the dry run's counts")
     assert "matched 30, would enqueue 30" in result.text
@@ -143,25 +90,30 @@ def test_status_page_shows_lines_alerts_and_a_dry_run_replay(harness, browser, a
     with redis.Redis.from_url(harness.env["PIPELINE_REDIS_URL"]) as r:
         assert r.llen("refund") == 30  # a dry run changes nothing
 
-    # Nothing came from outside, and no payload or token reached the page.
-    origins = browser.execute_script(
-        "return performance.getEntriesByType('resource').map(e => new URL(e.name).origin)"
-    )
-    assert set(origins) <= {base}, origins
-    assert "PAYLOAD-SECRET-4111" not in browser.page_source
-    desktop = artifacts / "status-page-desktop.png"
-    assert browser.save_screenshot(str(desktop))
+    # The record browser pages by keyset: 25 records, then the next page.
+    search = browser.find_element(By.ID, "search")
+    Select(search.find_element(By.NAME, "line")).select_by_value("refund")
+    search.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+    rows = "#record-list tbody tr"
+    wait(browser, lambda d: len(d.find_elements(By.CSS_SELECTOR, rows)) == 25, "a first page")
+    browser.find_element(By.ID, "next-page").click()
+    wait(browser, lambda d: len(d.find_elements(By.CSS_SELECTOR, rows)) == 30, "the next page")
+    assert not browser.find_element(By.ID, "next-page").is_displayed()
+    ids = [row.get_attribute("data-record") for row in browser.find_elements(By.CSS_SELECTOR, rows)]
+    assert ids == sorted(ids)
+    assert len(set(ids)) == 30
 
-    browser.set_window_size(390, 844)
+    # Nothing came from outside, and no payload or token reached the page.
+    assert resource_origins(browser) <= {base}
+    assert "PAYLOAD-SECRET-4111" not in browser.page_source
+    assert ADMIN_TOKEN not in browser.page_source
+    desktop = shoot(browser, artifacts, "status-page-desktop")
+
+    browser.set_window_size(*PHONE)
     browser.refresh()
     wait(browser, lambda d: len(shown_lines(d)) == 3, "the three lines at phone width")
-    overflow = browser.execute_script(
-        "return document.documentElement.scrollWidth - document.documentElement.clientWidth"
-    )
+    overflow = sideways_overflow(browser)
     assert overflow <= 0, f"the page scrolls sideways by {overflow}px at phone width"
     browser.execute_script("document.getElementById('lines').scrollIntoView()")
-    phone = artifacts / "status-page-phone.png"
-    assert browser.save_screenshot(str(phone))
-    assert desktop.stat().st_size > 10_000
-    assert phone.stat().st_size > 10_000
+    phone = shoot(browser, artifacts, "status-page-phone")
     print(f"\nscreenshots: {desktop} {phone}")

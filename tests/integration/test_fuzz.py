@@ -90,8 +90,9 @@ def send_signed(case, base_url: str) -> httpx.Response:
     )
 
 
-# 40 requests each way for each of some 20 operations: a minute alone, more on a busy
-# machine; bounded by the count, not by this.
+# Forty examples of each operation, both ways: with the console's reads and switches that
+# is some 1,400 requests, two minutes on a busy two-core machine.
+@pytest.mark.long
 @pytest.mark.timeout(360)
 def test_every_endpoint_answers_fuzzed_requests_by_its_document(fuzz_intake, outcomes):
     api = schemathesis.openapi.from_url(f"{fuzz_intake}/openapi.json")

@@ -74,4 +74,4 @@ def test_metrics_and_status_page_answer_while_redis_is_down(harness):
     assert [row["queue_depth"] for row in lines] == [None, None, None]
     page = client.get("/")
     assert page.status_code == 200
-    assert "Pipeline status" in page.text
+    assert "Pipeline console" in page.text

@@ -1,0 +1,170 @@
+// What the console polls for everyone: the health strip, the lines (depth, workers, pause,
+// the last hour's chart, counts with trouble linked), and the alerts.
+"use strict";
+
+import {$, TROUBLE, age, api, el, keepingFocus, say, timeEl, utc} from "./api.js";
+
+const NAMES = {redis: "Redis", journal: "Journal", beat: "Beat", sweep: "Sweeper", schedules: "Schedules"};
+const TROUBLE_EVENTS = new Set(["TASK_DEAD", "NO_CONSUMER", "BROKER_DOWN", "JOURNAL_DOWN", "WORKER_STALLED", "QUEUE_FULL", "BACKLOG", "DOWNSTREAM_DOWN"]);
+let nav = {showRecords: () => {}, openRecord: () => {}};
+let throughputByLine = {};
+
+export function setNavigation(handlers) { nav = handlers; }
+
+function checkItem(check) {
+  const detail = [];
+  if (check.name === "beat" && check.host) {
+    detail.push(`host ${check.host}`, `lock held ${age(check.lock_age_s)}`, `renewed ${age(check.renewed_s_ago)} ago`);
+  }
+  if (check.name === "sweep" && check.last_sweep_at) detail.push(`at ${utc(check.last_sweep_at)}`);
+  if (check.name === "schedules" && check.last_fire_at) detail.push(`last fire ${utc(check.last_fire_at)}`);
+  return el("li", {class: "check " + (check.ok ? "ok" : "fail"), "data-check": check.name},
+    el("strong", {}, NAMES[check.name] || check.name, el("span", {class: "state"}, check.ok ? "ok" : "FAIL")),
+    el("span", {class: "reason"}, check.reason),
+    detail.length ? el("small", {}, detail.join(" · ")) : null);
+}
+
+export async function refreshHealth() {
+  const health = await api("/v1/health");
+  $("#checks").replaceChildren(...health.checks.map(checkItem));
+}
+
+function chart(line) {
+  const minutes = throughputByLine[line] || [];
+  const wrap = el("div", {class: "chart"});
+  if (!minutes.length) return wrap;
+  const peak = Math.max(1, ...minutes.map((m) => Math.max(m.done, m.failed)));
+  const ns = "http://www.w3.org/2000/svg";
+  const svg = document.createElementNS(ns, "svg");
+  svg.setAttribute("viewBox", `0 0 ${minutes.length * 2} 40`);
+  svg.setAttribute("preserveAspectRatio", "none");
+  svg.setAttribute("role", "img");
+  const done = minutes.reduce((n, m) => n + m.done, 0);
+  const failed = minutes.reduce((n, m) => n + m.failed, 0);
+  const label = `${line}, last ${minutes.length} minutes: ${done} done, ${failed} failed`;
+  svg.setAttribute("aria-label", label);
+  const title = document.createElementNS(ns, "title");
+  title.textContent = label + ` (peak ${peak} a minute; each bar one minute, ${utc(minutes[0].minute)} to ${utc(minutes[minutes.length - 1].minute)})`;
+  svg.append(title);
+  minutes.forEach((m, i) => {
+    // Done grows up from the middle, failed down from it.
+    for (const [value, cls, y] of [[m.done, "done", 20 - 19 * m.done / peak], [m.failed, "failed", 20]]) {
+      if (!value) continue;
+      const bar = document.createElementNS(ns, "rect");
+      bar.setAttribute("x", String(i * 2));
+      bar.setAttribute("y", String(y));
+      bar.setAttribute("width", "1.6");
+      bar.setAttribute("height", String(19 * value / peak));
+      bar.setAttribute("class", cls);
+      svg.append(bar);
+    }
+  });
+  wrap.append(svg, el("div", {class: "legend"},
+    el("span", {}, el("span", {class: "swatch done"}), `done ${done}`),
+    el("span", {}, el("span", {class: "swatch failed"}), `failed ${failed}`),
+    el("span", {}, `per minute, last ${minutes.length} min`)));
+  return wrap;
+}
+
+export async function refreshThroughput() {
+  const answer = await api("/v1/throughput?minutes=60");
+  throughputByLine = Object.fromEntries(answer.lines.map((l) => [l.line, l.per_minute]));
+}
+
+function countsList(line) {
+  const counts = el("ul", {class: "counts", "aria-label": line.line + " records by status"});
+  for (const [status, n] of Object.entries(line.counts).sort()) {
+    if (TROUBLE.has(status) && n > 0) {
+      const link = el("a", {href: "#records-title", class: "trouble-link", "data-status": status}, `${status} ${n}`);  // found again by its card and status
+      link.addEventListener("click", (event) => { event.preventDefault(); nav.showRecords({line: line.line, status}); });
+      counts.append(el("li", {class: "trouble", "data-status": status}, link));
+    } else {
+      counts.append(el("li", {"data-status": status}, `${status} ${n}`));
+    }
+  }
+  if (!counts.children.length) counts.append(el("li", {}, "no records"));
+  return counts;
+}
+
+async function pauseOrResume(line, pause) {
+  const result = $("#line-result");
+  say(result, (pause ? "pausing " : "resuming ") + line + "…");
+  try {
+    await api(`/v1/lines/${encodeURIComponent(line)}/${pause ? "pause" : "resume"}`, {method: "POST", admin: true, body: {reason: "from the console"}});
+    say(result, `${line} ${pause ? "paused" : "resumed"} at ${utc(new Date().toISOString())}`, "done");
+    await refreshLines();
+  } catch (error) {
+    say(result, `${pause ? "Pause" : "Resume"} of ${line} refused: ${error.message}`, "error");
+  }
+}
+
+function lineCard(line) {
+  const known = line.queue_depth !== null;
+  const pct = known ? Math.min(100, 100 * line.queue_depth / line.max_queue_length) : 0;
+  const fill = el("div", {class: "fill" + (pct >= 100 ? " full" : pct >= 70 ? " warn" : ""), "data-fill": pct.toFixed(2)});
+  fill.style.width = pct + "%";
+  const live = line.live_workers === null ? "unknown" : String(line.live_workers);
+  const stalled = line.stalled_workers === null || line.stalled_workers === undefined ? "unknown" : String(line.stalled_workers);
+  const button = el("button", {type: "button", class: line.paused ? "primary" : "", "data-control": "pause", "data-action": line.paused ? "resume" : "pause"},
+    line.paused ? `Resume ${line.line}` : `Pause ${line.line}`);
+  button.addEventListener("click", () => pauseOrResume(line.line, !line.paused));
+  const pausedNote = line.paused && line.pause
+    ? el("dd", {class: "paused-note"}, `since ${utc(line.pause.since)} by ${line.pause.by}` + (line.pause.reason ? ` (${line.pause.reason})` : ""))
+    : el("dd", {}, "no");
+  return el("article", {class: "card" + (line.paused ? " paused" : ""), "data-line": line.line, "aria-labelledby": "line-" + line.line},
+    el("h3", {id: "line-" + line.line}, el("span", {}, line.line, " ", line.paused ? el("span", {class: "badge"}, "PAUSED") : null),
+      el("span", {class: "policy"}, "overflow: " + line.overflow)),
+    el("div", {class: "bar", role: "meter", "aria-valuemin": "0", "aria-valuemax": String(line.max_queue_length), "aria-valuenow": known ? String(line.queue_depth) : "0", "aria-label": line.line + " queue depth"}, fill),
+    el("div", {class: "depth"}, (known ? line.queue_depth : "Redis down") + " / " + line.max_queue_length + " queued"),
+    el("dl", {},
+      el("dt", {}, "live workers"), el("dd", {class: line.live_workers === 0 ? "nobody live" : "live"}, live),
+      el("dt", {}, "stalled workers"), el("dd", {class: line.stalled_workers > 0 ? "nobody stalled" : "stalled"}, stalled),
+      el("dt", {}, "oldest unfinished"), el("dd", {class: "oldest"}, age(line.oldest_unfinished_age_s)),
+      el("dt", {}, "paused"), pausedNote),
+    countsList(line),
+    chart(line.line),
+    el("div", {class: "actions"}, button));
+}
+
+let lastLines = [];
+export function knownLines() { return lastLines; }
+
+export async function refreshLines() {
+  const answer = await api("/v1/lines");
+  lastLines = answer.lines;
+  keepingFocus($("#lines"), () => $("#lines").replaceChildren(...answer.lines.map(lineCard)));
+  for (const select of document.querySelectorAll(".line-select")) {
+    for (const line of answer.lines) {
+      if (![...select.options].some((o) => o.value === line.line)) select.append(el("option", {value: line.line}, line.line));
+    }
+  }
+  return answer.lines;
+}
+
+function alertItem(alert) {
+  const figures = Object.entries(alert.figures || {}).map(([k, v]) => `${k}=${v}`).join(" · ");
+  const item = el("li", {"data-event": alert.event},
+    el("span", {class: "event" + (TROUBLE_EVENTS.has(alert.event) ? " bad" : "")}, alert.event + (alert.line ? " · " + alert.line : "")),
+    timeEl(alert.time),
+    (alert.count > 1 ? `(×${alert.count}) ` : ""),
+    el("span", {class: "reason"}, alert.reason || alert.message || ""),
+    figures ? el("span", {class: "figures"}, figures) : null);
+  const recordId = alert.figures && alert.figures.record_id;
+  if (recordId) {
+    const open = el("button", {type: "button", class: "link open-record", "data-record": recordId}, "open record " + recordId);
+    open.addEventListener("click", () => nav.openRecord(recordId));
+    item.append(" ", open);
+  }
+  return item;
+}
+
+export async function refreshAlerts() {
+  const answer = await api("/v1/alerts?limit=50");
+  const real = answer.alerts.filter((a) => !a.dry_run);
+  const dry = answer.alerts.filter((a) => a.dry_run);
+  keepingFocus($("#alerts"), () => $("#alerts").replaceChildren(...(real.length ? real.map(alertItem) : [el("li", {}, "none yet")])));
+  const box = $("#dry-alerts");
+  box.hidden = dry.length === 0;
+  $("#dry-count").textContent = String(dry.length);
+  $("ul", box).replaceChildren(...dry.map(alertItem));
+}
