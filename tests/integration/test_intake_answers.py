@@ -100,3 +100,34 @@ def test_requests_sent_at_once_with_one_nonce_all_get_the_records_status(harness
         (answers[0].json()["id"], "enqueued")
     }
     assert harness.record_count() == 1
+
+
+@pytest.mark.parametrize(
+    ("business_no", "problem"),
+    [("ORD/1", "has a '/' or '\\'"), ("ORD\n1", "has a control character")],
+)
+def test_a_bad_business_no_is_answered_with_a_sentence_saying_what_is_allowed(
+    harness, business_no, problem
+):
+    harness.configure(intake_keys=json.dumps({KEY_ID: SECRET}))
+    client = harness.start_intake()
+    body = json.dumps({"business_no": business_no}).encode()
+    answer = client.post("/v1/order", content=body, headers=signed_headers(KEY_ID, SECRET, body))
+    assert answer.status_code == 422
+    assert answer.json()["error"] == {
+        "code": "invalid_payload",
+        "message": f"business_no: {problem}; a business number is 1 to 128 characters, "
+        "without control characters (such as a newline or a tab), '/' or '\\', "
+        "and is not '.' or '..'",
+    }
+
+
+def test_an_unknown_line_is_answered_with_the_known_ones(harness):
+    harness.configure(intake_keys=json.dumps({KEY_ID: SECRET}))
+    client = harness.start_intake()
+    answer = client.post("/v1/orders", content=BODY, headers=signed_headers(KEY_ID, SECRET, BODY))
+    assert answer.status_code == 404
+    assert answer.json()["error"] == {
+        "code": "unknown_line",
+        "message": "unknown line 'orders'; the lines are: order, refund, status",
+    }
