@@ -18,6 +18,7 @@ from app.cli_bench import bench
 from app.cli_lines import add_line_commands
 from app.cli_records import records_cli
 from app.cli_schedules import schedules_cli, settings_for_command
+from app.cli_send import send
 from app.clock import as_utc
 from app.errors import AdminNotConfigured, ConfigError, PipelineError
 from app.journal.models import RecordStatus
@@ -39,6 +40,7 @@ cli.add_typer(schedules_cli, name="schedules")
 cli.add_typer(records_cli, name="records")
 cli.command()(audit)
 cli.command()(bench)
+cli.command()(send)
 add_line_commands(cli)
 
 

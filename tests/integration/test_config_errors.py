@@ -29,6 +29,7 @@ COMMANDS = [
     ["pause", "order"],
     ["resume", "order"],
     ["audit"],
+    ["send", "order", '{"business_no": "C-1"}'],
 ]
 
 
