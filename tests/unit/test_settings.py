@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from app.errors import ConfigError, UnknownLine
+from app.errors import ConfigError
 from app.lines import TABLE_SINK_BATCH, LineRegistry
 from app.settings import Overflow, load_settings
 
@@ -237,16 +237,3 @@ def test_a_named_admin_token_too_short_or_badly_named_is_refused(monkeypatch, to
     message = str(refused.value)
     assert message.startswith("PIPELINE_ADMIN_TOKENS: ")
     assert all(len(token) < 16 or token not in message for token in tokens.values())
-
-
-def test_an_unknown_line_is_refused_with_the_known_ones(monkeypatch):
-    monkeypatch.setenv("PIPELINE_LINES__SHIPMENT__DOWNSTREAM_URL", "http://127.0.0.1:9/in")
-    lines = LineRegistry.from_settings(load_settings())
-    with pytest.raises(UnknownLine) as refused:
-        lines.get("orders")
-    assert refused.value.message == (
-        "unknown line 'orders'; the lines are: order, refund, status, shipment"
-    )
-    with pytest.raises(UnknownLine) as long_name:
-        lines.get("x" * 5000)
-    assert len(long_name.value.message) < 200
