@@ -5,8 +5,6 @@ tries to connect."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
@@ -21,8 +19,9 @@ _IN_MEMORY = ("", ":memory:")
 
 def database_url_problem(url: str) -> str | None:
     """Why `url` cannot be the journal, as a sentence that never repeats the URL (it may
-    hold a password); None when it can. Loads the dialect and imports its driver, and looks
-    for a SQLite file's directory, but connects to nothing."""
+    hold a password); None when it can. Loads the dialect and imports its driver, but
+    touches no database: one that does not answer (a server down, a SQLite file that cannot
+    be opened yet) is an outage the components run through, not a setting to refuse."""
     try:
         parsed = make_url(url)
     except (ArgumentError, ValueError):
@@ -38,11 +37,6 @@ def database_url_problem(url: str) -> str | None:
             "an in-memory SQLite journal loses every record when the process stops; "
             "name a file, e.g. sqlite:///./pipeline.db"
         )
-    if backend == "sqlite" and not parsed.query.get("uri"):
-        # SQLite creates the file, not the directories above it.
-        folder = Path(parsed.database or "").parent
-        if not folder.is_dir():
-            return f"the SQLite journal's directory {str(folder)!r} does not exist; create it"
     return None
 
 
