@@ -18,11 +18,13 @@ from app.cli_bench import bench
 from app.cli_lines import add_line_commands
 from app.cli_records import records_cli
 from app.cli_schedules import schedules_cli, settings_for_command
+from app.cli_send import send
 from app.clock import as_utc
 from app.errors import AdminNotConfigured, ConfigError, PipelineError
 from app.journal.models import RecordStatus
 from app.logs import get_logger
 from app.settings import Settings
+from app.settings_names import CHECKED_VARIABLE, unknown_variables
 
 log = get_logger(__name__)
 
@@ -38,6 +40,7 @@ cli.add_typer(schedules_cli, name="schedules")
 cli.add_typer(records_cli, name="records")
 cli.command()(audit)
 cli.command()(bench)
+cli.command()(send)
 add_line_commands(cli)
 
 
@@ -343,11 +346,22 @@ def db_upgrade() -> None:
     print(f"journal at head: {engine.url.render_as_string(hide_password=True)}")
 
 
+def warn_unknown_variables() -> None:
+    """One warning on stderr for each `PIPELINE_` variable no setting reads, naming the
+    closest one; once for a command and the processes it starts."""
+    if os.environ.get(CHECKED_VARIABLE):
+        return
+    for unknown in unknown_variables(os.environ):
+        print(f"pipeline: warning: {unknown.warning()}", file=sys.stderr)
+    os.environ[CHECKED_VARIABLE] = "1"
+
+
 def main() -> None:
     """Entry point: one clear line, never a traceback, for a bad setting or a failure we know."""
     # Handlers are named by dotted path from the directory we run in, as with `celery -A`.
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
+    warn_unknown_variables()
     try:
         cli()
     except ConfigError as exc:

@@ -18,6 +18,8 @@ Handler = Callable[[Any], None]
 # pushed together are packed (one group commit, a sweep, a replay page): a lone request's
 # message carries it alone, so packing adds no wait.
 TABLE_SINK_BATCH = 16
+# An unknown name is echoed back this far at most (it may come from a URL's path).
+MAX_SHOWN_NAME = 64
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -106,7 +108,8 @@ class LineRegistry:
         try:
             return self._lines[name]
         except KeyError:
-            raise UnknownLine(f"unknown line {name!r}") from None
+            shown, known = name[:MAX_SHOWN_NAME], ", ".join(self._lines) or "none"
+            raise UnknownLine(f"unknown line {shown!r}; the lines are: {known}") from None
 
     def names(self) -> list[str]:
         return list(self._lines)

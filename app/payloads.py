@@ -10,8 +10,29 @@ from app.clock import as_utc
 
 # A business number is an identifier, not free text (1 to 128 characters): no
 # control characters, and nothing that reads as a path (it goes into URLs and file names
-# downstream): no slash or backslash, and not "." or "..".
+# downstream): no slash or backslash, and not "." or "..". The pattern is for the OpenAPI
+# document; a payload that breaks it is told so in words (`BUSINESS_NO_RULE`).
 BUSINESS_NO_PATTERN = r"^[^\x00-\x1f\x7f/\\]{1,128}$"
+MAX_BUSINESS_NO_LENGTH = 128  # the journal's column
+BUSINESS_NO_RULE = (
+    f"a business number is 1 to {MAX_BUSINESS_NO_LENGTH} characters, without control "
+    "characters (such as a newline or a tab), '/' or '\\', and is not '.' or '..'"
+)
+
+
+def business_no_problem(value: str) -> str | None:
+    """What is wrong with `value` as a business number, in words; None when nothing is."""
+    if not value:
+        return "is empty"
+    if len(value) > MAX_BUSINESS_NO_LENGTH:
+        return f"has {len(value)} characters"
+    if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in value):
+        return "has a control character"
+    if "/" in value or "\\" in value:
+        return "has a '/' or '\\'"
+    if value in (".", ".."):
+        return f"is {value!r}"
+    return None
 
 
 class Payload(BaseModel):
@@ -20,17 +41,20 @@ class Payload(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     business_no: str = Field(
-        min_length=1,
-        max_length=128,
-        pattern=BUSINESS_NO_PATTERN,
-        json_schema_extra={"not": {"enum": [".", ".."]}},
+        json_schema_extra={
+            "minLength": 1,
+            "maxLength": MAX_BUSINESS_NO_LENGTH,
+            "pattern": BUSINESS_NO_PATTERN,
+            "not": {"enum": [".", ".."]},
+        },
     )
 
     @field_validator("business_no")
     @classmethod
-    def _not_a_path_segment(cls, value: str) -> str:
-        if value in (".", ".."):
-            raise ValueError("business_no may not be '.' or '..'")
+    def _an_identifier(cls, value: str) -> str:
+        problem = business_no_problem(value)
+        if problem is not None:
+            raise ValueError(f"{problem}; {BUSINESS_NO_RULE}")
         return value
 
 

@@ -8,9 +8,10 @@ import os
 import re
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -28,6 +29,7 @@ from pydantic_settings import (
 )
 from pydantic_settings.exceptions import SettingsError
 
+from app.database_url import check_database_url
 from app.dedup_keys import MIN_SECRET_BYTES, key_id_problem
 from app.errors import ConfigError
 from app.sink_settings import (
@@ -185,7 +187,7 @@ class Settings(BaseSettings):
     )
 
     redis_url: str = Field(default="redis://127.0.0.1:6379/0", pattern=r"^rediss?://")
-    database_url: str = "sqlite:///./pipeline.db"
+    database_url: Annotated[str, AfterValidator(check_database_url)] = "sqlite:///./pipeline.db"
     intake_host: str = "127.0.0.1"
     intake_port: int = Field(default=8000, ge=0, le=65535)
     intake_workers: int = Field(default=1, ge=1, le=64)
@@ -419,6 +421,11 @@ def load_settings(**overrides: Any) -> Settings:
         first = exc.errors()[0]
         name = _variable_name(first["loc"]) if first["loc"] else "settings"
         message = first["msg"].removeprefix("Value error, ")
+        if first["type"] == "extra_forbidden":
+            from app.settings_names import closest_known  # noqa: PLC0415 - it reads Settings
+
+            closest = closest_known(name)
+            message = "is not a setting" + (f"; did you mean {closest}?" if closest else "")
         raise ConfigError(f"{name}: {message}") from None
     except SettingsError as exc:
         match = re.search(r'field "(\w+)"', str(exc))

@@ -6,7 +6,7 @@ anything is pushed, so a 2xx always means the record is durable."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 
 from app.delivery.paused import PausedLines
@@ -148,7 +148,7 @@ class Acceptor:
             )
             for i, outcome in zip(indexes, admitted_outcomes, strict=True):
                 results[i] = outcome
-        outcomes = [result for result in results if result is not None]
+        outcomes = _as_admitted([result for result in results if result is not None])
         if on_admitted is not None:
             on_admitted(outcomes)
         self._mark_enqueued(enqueued, clock)
@@ -279,3 +279,14 @@ class Acceptor:
             )
             return False
         return moved == 1
+
+
+def _as_admitted(outcomes: list[Acceptance]) -> list[Acceptance]:
+    """A known dedup key whose record was admitted in this same group (two requests with one
+    nonce, committed together) gets the status that record was admitted with, not the
+    `received` its row had when it was found: every answer names the record as it is now."""
+    admitted = {o.record.id: o.status for o in outcomes if o.created}
+    return [
+        o if o.created or o.record.id not in admitted else replace(o, status=admitted[o.record.id])
+        for o in outcomes
+    ]

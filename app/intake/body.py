@@ -89,7 +89,9 @@ def parse_payload(body: bytes, schema: type[BaseModel]) -> dict[str, Any]:
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(part) for part in first["loc"]) or "body"
-        raise InvalidPayload(f"{where}: {first['msg']}") from None
+        # Our validators' sentences as they are, without pydantic's "Value error, ".
+        message = "is required" if first["type"] == "missing" else first["msg"]
+        raise InvalidPayload(f"{where}: {message.removeprefix('Value error, ')}") from None
     # Stored in canonical form (times as ISO 8601), so sinks read what the schema checked.
     return valid.model_dump(mode="json")
 

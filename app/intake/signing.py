@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from pydantic import SecretStr
 
+from app.client import signature
 from app.dedup_keys import MAX_KEY_ID_LENGTH, intake_key
 from app.errors import BadSignature
 
 # A nonce is an opaque client token; bounded so the dedup key fits its column.
 MAX_NONCE_LENGTH = 128
+# The headers of a signed request, as a client names them.
+HEADERS = ("X-Key-Id", "X-Timestamp", "X-Nonce", "X-Signature")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -29,10 +31,14 @@ class Caller:
         return intake_key(self.key_id, self.nonce)
 
 
+def missing_headers(headers: Mapping[str, str]) -> list[str]:
+    """The signature headers absent (or empty) from `headers`, by name, in order."""
+    return [name for name in HEADERS if not headers.get(name.lower(), "")]
+
+
 def sign(secret: str, *, timestamp: str, nonce: str, body: bytes) -> str:
-    """The signature a client sends in `X-Signature`."""
-    message = timestamp.encode() + b"\n" + nonce.encode() + b"\n" + body
-    return hmac.new(secret.encode(), message, hashlib.sha256).hexdigest()
+    """The signature a client sends in `X-Signature`: the one the client module makes."""
+    return signature(secret, timestamp=timestamp, nonce=nonce, body=body)
 
 
 def verify(
@@ -43,26 +49,35 @@ def verify(
     now_s: float,
     window_s: int,
 ) -> Caller:
-    """Check the signature headers. Raises `BadSignature` (one message for every cause a
-    client cannot fix by itself, so it learns nothing about our keys)."""
-    key_id = headers.get("x-key-id", "")
-    timestamp = headers.get("x-timestamp", "")
-    nonce = headers.get("x-nonce", "")
-    signature = headers.get("x-signature", "")
-    if not (key_id and timestamp and nonce and signature):
-        raise BadSignature("missing X-Key-Id, X-Timestamp, X-Nonce or X-Signature")
-    if len(nonce) > MAX_NONCE_LENGTH or len(key_id) > MAX_KEY_ID_LENGTH:
-        raise BadSignature("X-Nonce or X-Key-Id is too long")
+    """Check the signature headers. Raises `BadSignature` naming the header that is
+    missing or the check that failed; an unknown key id and a wrong signature get one
+    message, so a caller learns nothing about our keys."""
+    key_id, timestamp, nonce, signature = (headers.get(name.lower(), "") for name in HEADERS)
+    missing = missing_headers(headers)
+    if missing:
+        raise BadSignature(f"missing header{'s' if len(missing) > 1 else ''} {', '.join(missing)}")
+    if len(nonce) > MAX_NONCE_LENGTH:
+        raise BadSignature(f"X-Nonce is longer than {MAX_NONCE_LENGTH} characters")
+    if len(key_id) > MAX_KEY_ID_LENGTH:
+        raise BadSignature(f"X-Key-Id is longer than {MAX_KEY_ID_LENGTH} characters")
     if not (timestamp.isascii() and timestamp.isdigit() and len(timestamp) <= 12):
-        raise BadSignature("X-Timestamp must be unix seconds")
+        raise BadSignature("X-Timestamp must be unix seconds (an integer, e.g. from date +%s)")
     sent_s = int(timestamp)
     if abs(now_s - sent_s) > window_s:
-        raise BadSignature(f"X-Timestamp is outside the allowed window of {window_s} s")
+        raise BadSignature(
+            f"X-Timestamp is {sent_s - int(now_s):+d} s from this server's clock; "
+            f"the allowed window is {window_s} s either way"
+        )
     secret = keys.get(key_id)
     expected = sign(
         secret.get_secret_value() if secret else "", timestamp=timestamp, nonce=nonce, body=body
     )
     given = signature.lower().encode("utf-8", "replace")
     if secret is None or not hmac.compare_digest(expected.encode(), given):
-        raise BadSignature("signature does not match")
+        # One answer for an unknown key id and a wrong signature: a caller learns nothing
+        # of which key ids exist.
+        raise BadSignature(
+            "X-Signature does not match: it must be the hex HMAC-SHA256, with the secret of "
+            'the key named by X-Key-Id, of X-Timestamp + "\\n" + X-Nonce + "\\n" + the raw body'
+        )
     return Caller(key_id=key_id, nonce=nonce)

@@ -75,8 +75,8 @@ def validate(
         raise InvalidSchedule(str(exc)) from None
     try:
         spec = lines.get(line)
-    except Exception:  # noqa: BLE001 - UnknownLine, said as a schedule error
-        raise InvalidSchedule(f"unknown line {line!r}") from None
+    except Exception as exc:  # noqa: BLE001 - UnknownLine, said as a schedule error
+        raise InvalidSchedule(str(exc)) from None
     if isinstance(payload, str):
         try:
             payload = json.loads(payload)

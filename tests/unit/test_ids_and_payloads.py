@@ -10,7 +10,7 @@ from app.delivery.push import TASK_NAME, build_message
 from app.errors import InvalidPayload
 from app.ids import new_id
 from app.intake.body import parse_payload
-from app.payloads import Payload, StatusPayload
+from app.payloads import BUSINESS_NO_PATTERN, BUSINESS_NO_RULE, Payload, StatusPayload
 
 
 def test_ids_are_26_chars_unique_and_sort_by_creation_time():
@@ -51,3 +51,38 @@ def test_task_message_is_celery_protocol_2_json_with_the_record_id_as_task_id():
     assert (args, kwargs) == (["01ABC"], {})
     other = json.loads(build_message("01ABC", queue="order", origin="1@host"))
     assert other["properties"]["delivery_tag"] != message["properties"]["delivery_tag"]
+
+
+@pytest.mark.parametrize(
+    ("business_no", "problem"),
+    [
+        ("A/B", "has a '/' or '\\'"),
+        ("A\\B", "has a '/' or '\\'"),
+        ("A\tB", "has a control character"),
+        ("..", "is '..'"),
+        ("", "is empty"),
+        ("X" * 129, "has 129 characters"),
+    ],
+)
+def test_a_bad_business_no_is_told_what_is_allowed_in_words(business_no, problem):
+    body = json.dumps({"business_no": business_no}).encode()
+    with pytest.raises(InvalidPayload) as refused:
+        parse_payload(body, Payload)
+    assert refused.value.message == f"business_no: {problem}; {BUSINESS_NO_RULE}"
+    assert "^" not in refused.value.message  # no regular expression
+
+
+def test_a_missing_business_no_is_required_in_words():
+    with pytest.raises(InvalidPayload) as refused:
+        parse_payload(b'{"amount": 3}', Payload)
+    assert refused.value.message == "business_no: is required"
+
+
+def test_the_openapi_schema_keeps_the_business_no_constraints():
+    schema = Payload.model_json_schema()["properties"]["business_no"]
+    assert (schema["minLength"], schema["maxLength"], schema["pattern"]) == (
+        1,
+        128,
+        BUSINESS_NO_PATTERN,
+    )
+    assert schema["not"] == {"enum": [".", ".."]}

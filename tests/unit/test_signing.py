@@ -53,3 +53,41 @@ def test_signature_matches_the_documented_formula():
 def test_bad_or_missing_signature_is_refused(given, now_s):
     with pytest.raises(BadSignature):
         verify(given, BODY, keys=KEYS, now_s=now_s, window_s=300)
+
+
+@pytest.mark.parametrize(
+    ("dropped", "said"),
+    [
+        ({"x-nonce"}, "missing header X-Nonce"),
+        ({"x-timestamp", "x-signature"}, "missing headers X-Timestamp, X-Signature"),
+    ],
+)
+def test_a_refusal_names_the_missing_headers(dropped, said):
+    given = {name: value for name, value in headers().items() if name not in dropped}
+    with pytest.raises(BadSignature) as refused:
+        verify(given, BODY, keys=KEYS, now_s=1000, window_s=300)
+    assert refused.value.message == said
+
+
+@pytest.mark.parametrize(
+    ("given", "now_s", "said"),
+    [
+        (headers(), 1400, "X-Timestamp is -400 s from this server's clock"),
+        (headers(ts="soon"), 1000, "X-Timestamp must be unix seconds"),
+        (headers(nonce="n" * 129), 1000, "X-Nonce is longer than 128 characters"),
+        (headers(secret="secret-2"), 1000, "X-Signature does not match"),
+    ],
+)
+def test_a_refusal_names_the_check_that_failed(given, now_s, said):
+    with pytest.raises(BadSignature) as refused:
+        verify(given, BODY, keys=KEYS, now_s=now_s, window_s=300)
+    assert refused.value.message.startswith(said)
+
+
+def test_an_unknown_key_id_is_refused_as_a_wrong_signature_is():
+    def refusal(given):
+        with pytest.raises(BadSignature) as refused:
+            verify(given, BODY, keys=KEYS, now_s=1000, window_s=300)
+        return refused.value.message
+
+    assert refusal(headers(key_id="k9")) == refusal(headers(secret="secret-2"))
