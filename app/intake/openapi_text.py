@@ -94,7 +94,7 @@ intake's `PIPELINE_INTAKE_KEYS`, `{{"key id": "secret"}}`):
 {RECIPE}
 
 (key id, nonce) is the record's dedup key: sending the same nonce and body again answers
-200 with the original record and creates nothing, so a timed-out request can be sent again
+200 with the record as it is now and creates nothing, so a timed-out request can be sent again
 safely (with a fresh timestamp, and so a fresh signature). The same nonce with another
 body, or for another line, is refused with 409 `nonce_reused`. A missing header, an unknown
 key id, a timestamp outside the window or a wrong signature is 401 `bad_signature`.

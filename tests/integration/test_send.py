@@ -17,16 +17,15 @@ from tests.support.services import require
 
 PIPELINE = str(Path(sys.executable).with_name("pipeline"))
 KEY_ID, SECRET = "shop-1", "its-secret-of-32-random-bytes-xx"
-# The README's signed request, as it is printed there (only the intake's address is
-# replaced by the test's). It must run on a stock Debian: bash, date, curl and openssl.
-README_SNIPPET = r"""
-body='{"business_no": "ORD-1002"}'; ts=$(date +%s); nonce=$(openssl rand -hex 16)
-sig=$(printf '%s\n%s\n%s' "$ts" "$nonce" "$body" \
-      | openssl dgst -sha256 -hmac its-secret-of-32-random-bytes-xx | awk '{print $NF}')
-curl -s -w '\n%{http_code}\n' http://127.0.0.1:8000/v1/order -H 'content-type: application/json' \
-     -H "X-Key-Id: shop-1" -H "X-Timestamp: $ts" -H "X-Nonce: $nonce" -H "X-Signature: $sig" \
-     --data-binary "$body"
-"""
+
+
+def readme_snippet() -> str:
+    """The README's signed request, as it is printed there: the code block that starts
+    with `body=`. It must run on a stock Debian: bash, date, curl and openssl."""
+    readme = (REPO / "README.md").read_text()
+    blocks = readme.split("```")[1::2]
+    (snippet,) = [b for b in blocks if b.lstrip("\n").startswith("body='")]
+    return snippet
 
 
 @pytest.fixture
@@ -54,8 +53,9 @@ def test_the_readme_shell_example_posts_a_signed_record(harness, intake):
     for tool in ("bash", "curl", "openssl"):
         require(shutil.which(tool), f"the README's example needs {tool}")
     bash = shutil.which("bash")
-    snippet = README_SNIPPET.replace("http://127.0.0.1:8000", str(intake.base_url).rstrip("/"))
-    assert snippet != README_SNIPPET
+    printed = readme_snippet()
+    snippet = printed.replace("http://127.0.0.1:8000", str(intake.base_url).rstrip("/"))
+    assert snippet != printed
     ran = subprocess.run(
         [bash, "-euo", "pipefail", "-c", snippet],
         capture_output=True,
