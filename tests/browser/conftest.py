@@ -35,8 +35,11 @@ CHROMIUM_FLAGS = [
 ]
 
 
-@pytest.fixture
-def browser(tmp_path: Path) -> Iterator[webdriver.Chrome]:
+def chromium(
+    tmp_path: Path, *, flags: tuple[str, ...] = (), network_log: bool = False
+) -> Iterator[webdriver.Chrome]:
+    """A headless Chromium with `flags` besides the usual ones (`network_log`: keep every
+    request a page makes, for `driver.get_log("performance")`); quit when done."""
     require(
         Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists(),
         "Debian's chromium and chromium-driver are not installed (.ci/run installs them)",
@@ -44,7 +47,9 @@ def browser(tmp_path: Path) -> Iterator[webdriver.Chrome]:
     )
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
-    for flag in [*CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'chromium-profile'}"]:
+    if network_log:
+        options.set_capability("goog:loggingPrefs", {"performance": "ALL"})
+    for flag in [*CHROMIUM_FLAGS, *flags, f"--user-data-dir={tmp_path / 'chromium-profile'}"]:
         options.add_argument(flag)
     service = Service(CHROMEDRIVER, log_output=str(tmp_path / "chromedriver.log"))
     driver = webdriver.Chrome(service=service, options=options)
@@ -54,6 +59,11 @@ def browser(tmp_path: Path) -> Iterator[webdriver.Chrome]:
         yield driver
     finally:
         driver.quit()
+
+
+@pytest.fixture
+def browser(tmp_path: Path) -> Iterator[webdriver.Chrome]:
+    yield from chromium(tmp_path)
 
 
 @pytest.fixture

@@ -8,40 +8,19 @@ test's temporary directory (or in `PIPELINE_TEST_ARTIFACTS`, when it names one).
 from __future__ import annotations
 
 import json
-import os
-import shutil
-from pathlib import Path
 
 import pytest
-from selenium import webdriver
 from selenium.common.exceptions import TimeoutException
-from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
+from tests.browser.conftest import chromium
 from tests.support.egress import RefusingProxy
-from tests.support.services import require
 
 # HTTP and the browser: the journal's database plays no part.
 pytestmark = pytest.mark.journal_independent
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
-REQUIRE_BROWSER = "PIPELINE_TEST_REQUIRE_BROWSER"
 KEY_ID, SECRET = "docs-key", "docs-secret-of-16-bytes"
-# As root: no sandbox; none of Chromium's own background connections.
-CHROMIUM_FLAGS = [
-    "--headless=new",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-dev-shm-usage",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--hide-scrollbars",
-]
 # A host that is not this machine (`.invalid` names nothing anywhere): what a CDN would be.
 ELSEWHERE = "http://cdn.example.invalid/swagger-ui.css"
 
@@ -59,38 +38,7 @@ def proxy():
 def browser(tmp_path, proxy):
     """Chromium whose every request to another host goes to `proxy` (loopback addresses
     are never proxied, so the intake on 127.0.0.1 is reached directly)."""
-    require(
-        Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists(),
-        "Debian's chromium and chromium-driver are not installed (.ci/run installs them)",
-        also_when=REQUIRE_BROWSER,
-    )
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    # The network log: every request a page makes, whether it succeeds or not.
-    options.set_capability("goog:loggingPrefs", {"performance": "ALL"})
-    flags = [
-        *CHROMIUM_FLAGS,
-        f"--proxy-server={proxy.url}",
-        f"--user-data-dir={tmp_path / 'chromium-profile'}",
-    ]
-    for flag in flags:
-        options.add_argument(flag)
-    service = Service(CHROMEDRIVER, log_output=str(tmp_path / "chromedriver.log"))
-    driver = webdriver.Chrome(service=service, options=options)
-    driver.set_page_load_timeout(30)
-    driver.set_script_timeout(30)
-    try:
-        yield driver
-    finally:
-        driver.quit()
-
-
-@pytest.fixture
-def artifacts(tmp_path) -> Path:
-    chosen = os.environ.get("PIPELINE_TEST_ARTIFACTS")
-    directory = Path(chosen) if chosen else tmp_path / "artifacts"
-    directory.mkdir(parents=True, exist_ok=True)
-    return directory
+    yield from chromium(tmp_path, flags=(f"--proxy-server={proxy.url}",), network_log=True)
 
 
 def wait(driver, predicate, what: str, timeout_s: float = 30):
