@@ -146,7 +146,9 @@ def insert_records(
             "updated_at": now,
             "task_id": new.id,
         }
-        for new in news
+        # In the order of their dedup keys: two processes inserting some of the same keys
+        # then lock them in one order, and wait for each other instead of deadlocking.
+        for new in sorted(news, key=lambda new: new.dedup_key)
     ]
     statement = (
         _upsert_dialect(conn)
