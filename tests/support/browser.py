@@ -26,8 +26,23 @@ def wait(driver: WebDriver, predicate, what: str, timeout_s: float = 20):
 
 
 def text_of(driver: WebDriver, css: str) -> str:
-    found = driver.find_elements(By.CSS_SELECTOR, css)
-    return found[0].text if found else ""
+    """The text of the first element `css` finds ("" when none), read again when the page
+    redrew it meanwhile (it refreshes every 2 s)."""
+    return attr_of(driver, css, None)
+
+
+def attr_of(driver: WebDriver, css: str, name: str | None) -> str:
+    """An attribute (`name`; None: the text) of the first element `css` finds ("" when
+    none), read again when the page redrew it meanwhile."""
+    for _ in range(10):
+        try:
+            found = driver.find_elements(By.CSS_SELECTOR, css)
+            if not found:
+                return ""
+            return found[0].text if name is None else (found[0].get_attribute(name) or "")
+        except StaleElementReferenceException:
+            continue
+    raise AssertionError(f"{css} was redrawn ten times in a row while read")
 
 
 def enter_token(driver: WebDriver, token: str) -> None:
