@@ -195,35 +195,49 @@ def test_primary_killed_under_load_sentinel_promotes_and_nothing_is_lost(harness
         cluster.stop()
 
 
-def test_our_clients_follow_a_failover_and_load_their_scripts_on_the_new_primary(tmp_path):
-    """The push's Lua script and the beat lock's, over a sentinel URL: after the primary is
-    killed, the same client objects reach the promoted replica, which has never seen the
-    scripts (SCRIPT LOAD is not replicated state a replica keeps for sure), and each call
-    succeeds there."""
+def test_our_clients_follow_a_failover_and_the_beat_lock_stays_single(tmp_path):
+    """The push's Lua script and the beat lock's, over a sentinel URL. The lock is taken
+    after replication stopped, so the promoted replica never gets it: the standby beat
+    takes it there, and counts on it only one TTL later, when the old holder, still
+    counting on its last renewal meanwhile, has stopped. The same client objects reach the
+    promoted replica, which has no script loaded, and each call succeeds there."""
     cluster = SentinelSet(tmp_path / "sentinel")
     client = None
+    clock_s = [100.0]
     try:
         cluster.start()
         client = make_redis(cluster.url)
         pusher = Pusher(client)
-        lock = BeatLock(client, ttl_s=10)
+        active, standby = (BeatLock(client, ttl_s=10, clock=lambda: clock_s[0]) for _ in "ab")
         assert pusher.push("order", ["r-1"], max_length=10).pushed == 1
-        assert lock.hold() == (True, None)
-        replica = redis.Redis(port=cluster.replica_port)
-        replica.script_flush()  # whatever it may have kept, it now has no script
-        replica.close()
+        wait_for(lambda: cluster.replica_has(b"order"), timeout_s=10, what="replication")
+        cluster.lag()
+        assert active.hold() == (True, None)  # the replica never gets this write
+        assert standby.hold() == (False, None)
 
         cluster.kill_primary()
         cluster.wait_for_promotion(timeout_s=30)
+        replica = redis.Redis(port=cluster.replica_port)
+        replica.script_flush()  # whatever it may have kept, it now has no script
+        replica.close()
         # The first command after the kill may still meet the dead primary: redis-py's retry
         # asks the sentinels again.
         wait_for(lambda: _answers(client), timeout_s=15, what="the client to reach the new primary")
-        assert pusher.push("order", ["r-2"], max_length=10).pushed == 1
-        assert pusher.present_ids("order") == {"r-1", "r-2"}
-        assert lock.hold() == (True, None)  # the key was replicated: still this beat's
-        assert lock.active_since() is not None
         port = client.connection_pool.get_master_address()[1]  # type: ignore[attr-defined]
         assert port == cluster.replica_port
+
+        clock_s[0] = 103.0
+        assert standby.hold()[0]  # the key is gone: the standby takes it...
+        assert active.active_since() is not None  # ...while the holder counts on it still,
+        assert standby.active_since() is None  # so the standby waits
+        assert active.hold() == (False, None)  # told at its next renewal
+        assert active.active_since() is None
+        clock_s[0] = 113.0  # one TTL after the standby took the lock
+        assert standby.hold() == (True, None)
+        assert standby.active_since() is not None
+
+        assert pusher.push("order", ["r-2"], max_length=10).pushed == 1
+        assert pusher.present_ids("order") == {"r-1", "r-2"}
     finally:
         if client is not None:
             client.close()

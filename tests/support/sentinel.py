@@ -146,6 +146,15 @@ class SentinelSet:
                 return port
         return None
 
+    def replica_has(self, key: bytes) -> bool:
+        client = redis.Redis(port=self.replica_port, socket_timeout=1)
+        try:
+            return bool(client.exists(key))
+        except redis.RedisError:
+            return False
+        finally:
+            client.close()
+
     def lag(self) -> None:
         """The replica stops getting the primary's writes (neither side is told)."""
         self.processes["replica"].send_signal(signal.SIGSTOP)
