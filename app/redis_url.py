@@ -66,8 +66,8 @@ def parse_sentinel_url(url: str) -> SentinelUrl:
     """Read a `sentinel://` URL. Raises `ValueError` naming what is wrong (never the URL)."""
     example = "e.g. sentinel://host1:26379,host2:26379/0?master=NAME"
     rest = url.removeprefix(f"{SENTINEL_SCHEME}://")
-    rest, _, query = rest.partition("?")
     rest, _, fragment = rest.partition("#")
+    rest, _, query = rest.partition("?")
     netloc, _, path = rest.partition("/")
     userinfo, at, hosts = netloc.rpartition("@")
     if not at:

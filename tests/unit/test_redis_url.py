@@ -50,6 +50,7 @@ def test_settings_take_a_redis_or_sentinel_url(monkeypatch, url):
         ("sentinel://h1:70000/0?master=m", "port is not a number from 1 to 65535"),
         ("sentinel://h1:26379/zero?master=m", "the database after the sentinels must be a number"),
         ("sentinel://h1:26379/0?master=m&service=x", "unknown parameter 'service'"),
+        ("sentinel://h1:26379/0?master=m#x", "has a '#' part"),
     ],
 )
 def test_a_malformed_redis_url_is_one_config_error_without_the_url(monkeypatch, url, says):
