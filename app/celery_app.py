@@ -13,6 +13,7 @@ from kombu.entity import Queue
 from app.delivery.push import TASK_NAME
 from app.errors import ConfigError, UnboundedPublish
 from app.redis_client import redis_options
+from app.redis_url import kombu_broker
 from app.settings import BRPOP_TIMEOUT_S, Settings, load_settings
 
 # Celery finds the task modules by name: app/ never imports workers/ or beat/.
@@ -40,8 +41,10 @@ def create_celery(settings: Settings) -> PipelineCelery:
     celery = PipelineCelery("pipeline", set_as_current=False)
     celery.pipeline_settings = settings
     options = redis_options(settings)
+    # A sentinel URL becomes kombu's: one URL per sentinel, the primary's name an option.
+    broker_url, sentinel_options = kombu_broker(settings.redis_url, options)
     celery.conf.update(
-        broker_url=settings.redis_url,
+        broker_url=broker_url,
         broker_connection_retry_on_startup=True,
         broker_connection_timeout=settings.redis_connect_timeout_seconds or None,
         broker_heartbeat=0,
@@ -53,6 +56,7 @@ def create_celery(settings: Settings) -> PipelineCelery:
             # past the visibility timeout; its default sweep runs every 10 x 10 s.
             "unacked_restore_interval": max(1, min(10, settings.visibility_timeout_seconds // 4)),
             "unacked_restore_throttle": 1,
+            **sentinel_options,
         },
         result_backend=None,
         task_ignore_result=True,

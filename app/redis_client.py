@@ -1,18 +1,26 @@
 """Redis connection rules, shared by every client: ours, the lock's and the
-broker's. A pooled connection idle past the health-check interval is replaced before use;
-TCP keepalive is on; connects and reads time out, and a timed-out command is retried on a
+broker's. A `sentinel://` URL (`app.redis_url`) gives a client of whichever server Sentinel
+names the primary: each new connection asks the sentinels, so after a failover the clients
+reconnect to the promoted replica, and a Lua script the new primary lacks is loaded there
+again by redis-py's `Script` (on its NOSCRIPT answer).
+
+A pooled connection idle past the health-check interval is replaced before use; TCP
+keepalive is on; connects and reads time out, and a timed-out command is retried on a
 fresh connection, so a connection a proxy or NAT dropped silently costs at most one
 timeout, never a hang."""
 
 from __future__ import annotations
 
+import re
 import time
 import urllib.parse
 from typing import Any
 
 import redis
 from redis.connection import AbstractConnection, parse_url
+from redis.sentinel import Sentinel, SentinelManagedConnection
 
+from app.redis_url import is_sentinel, parse_sentinel_url, sentinel_client_options
 from app.settings import Settings
 
 # Used where no settings exist (a server we started ourselves).
@@ -70,10 +78,19 @@ class UnixDomainSocketConnection(redis.UnixDomainSocketConnection):
         _replace_if_idle(self)
 
 
+class SentinelConnection(SentinelManagedConnection):
+    """A connection to Sentinel's primary, replaced, not pinged, when idle past the interval
+    (its reconnect asks the sentinels where the primary is now)."""
+
+    def check_health(self) -> None:
+        _replace_if_idle(self)
+
+
 _REPLACED_WHEN_IDLE: dict[type, type] = {
     redis.Connection: Connection,
     redis.SSLConnection: SSLConnection,
     redis.UnixDomainSocketConnection: UnixDomainSocketConnection,
+    SentinelManagedConnection: SentinelConnection,
 }
 
 
@@ -84,21 +101,45 @@ def replaced_when_idle(base: type) -> type:
 
 def make_redis(url: str, options: dict[str, Any] | None = None) -> redis.Redis:
     """A client for `url`. Connects lazily: building it needs no live Redis."""
+    options = DEFAULT_OPTIONS if options is None else options
+    if is_sentinel(url):
+        return _sentinel_primary(url, options)
     base = parse_url(url).get("connection_class", redis.Connection)  # type: ignore[no-untyped-call]
     return redis.Redis.from_url(
         url,
         connection_class=replaced_when_idle(base),
-        **(DEFAULT_OPTIONS if options is None else options),
+        **options,
     )
 
 
+def _sentinel_primary(url: str, options: dict[str, Any]) -> redis.Redis:
+    parsed = parse_sentinel_url(url)
+    sentinel = Sentinel(  # type: ignore[no-untyped-call]  # redis-py leaves it untyped
+        list(parsed.sentinels), sentinel_kwargs=sentinel_client_options(parsed, options)
+    )
+    client: redis.Redis = sentinel.master_for(  # type: ignore[no-untyped-call]  # likewise
+        parsed.master,
+        redis_class=redis.Redis,
+        connection_class=SentinelConnection,
+        db=parsed.db,
+        username=parsed.username,
+        password=parsed.password,
+        **options,
+    )
+    return client
+
+
 def masked_url(url: str) -> str:
-    """`url` with its password replaced by `***`, for printing."""
+    """`url` with its passwords (a sentinel URL's `sentinel_password` too) replaced by
+    `***`, for printing."""
     parts = urllib.parse.urlsplit(url)
-    if parts.password is None:
+    query = re.sub(r"(^|&)(sentinel_password=)[^&]*", r"\1\2***", parts.query)
+    netloc = parts.netloc
+    if parts.password is not None:
+        netloc = netloc.replace(f":{parts.password}@", ":***@", 1)
+    if (netloc, query) == (parts.netloc, parts.query):
         return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc, query=query))
 
 
 def as_text(value: bytes | str) -> str:

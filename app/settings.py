@@ -32,6 +32,7 @@ from pydantic_settings.exceptions import SettingsError
 from app.database_url import check_database_url
 from app.dedup_keys import MIN_SECRET_BYTES, key_id_problem
 from app.errors import ConfigError
+from app.redis_url import check_redis_url
 from app.sink_settings import (
     CHECK_URL_ID,
     DEFAULT_SINK_TABLE,
@@ -186,7 +187,7 @@ class Settings(BaseSettings):
         frozen=True,
     )
 
-    redis_url: str = Field(default="redis://127.0.0.1:6379/0", pattern=r"^rediss?://")
+    redis_url: Annotated[str, AfterValidator(check_redis_url)] = "redis://127.0.0.1:6379/0"
     database_url: Annotated[str, AfterValidator(check_database_url)] = "sqlite:///./pipeline.db"
     intake_host: str = "127.0.0.1"
     intake_port: int = Field(default=8000, ge=0, le=65535)

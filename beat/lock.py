@@ -5,7 +5,17 @@ its own thread: neither a slow fire nor a long maintenance run delays it. A stan
 over within one TTL of the holder's death. The beat counts as holding the lock only until
 one TTL after its last successful renewal was sent, so a renewal that hangs stops the
 firing and the maintenance before another beat can take over; a renewal that fails (a
-Redis blip) ends nothing sooner."""
+Redis blip) ends nothing sooner.
+
+A failover (or a restart that lost the data) can lose the lock's last write: the promoted
+replica never got it, so it has no key, while the beat that wrote it still counts on it for
+up to one TTL. The lock's script answers with the server's run id too; a beat that takes the
+lock from a server other than the one it last heard from becomes active only one TTL after
+taking it, by when any beat that held the lock on the old server has stopped counting on it.
+A beat that held the lock up to the change and takes it again keeps it without a pause: no
+other beat could have counted on it meanwhile. Not covered: a beat whose first answer ever
+comes from the new server (one started during the failover); it has no old server to
+compare with."""
 
 from __future__ import annotations
 
@@ -15,7 +25,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import redis
 
@@ -34,19 +44,26 @@ end
 return 0
 """
 
-# Renew when we hold it; else take it if nobody does. Returns {state, holder}:
-# state 1 = renewed, 2 = acquired, 0 = held by `holder`.
+# Renew when we hold it; else take it if nobody does. Returns {state, holder, server}:
+# state 1 = renewed, 2 = acquired, 0 = held by `holder`; server = the run id of the server
+# that ran the script ("" if it would not tell).
 _HOLD = """
 local holder = redis.call('GET', KEYS[1])
+local state = 0
 if holder == ARGV[1] then
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
-    return {1, ARGV[1]}
-end
-if not holder then
+    state = 1
+elseif not holder then
     redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-    return {2, ARGV[1]}
+    state = 2
+    holder = ARGV[1]
 end
-return {0, holder}
+local ok, info = pcall(redis.call, 'INFO', 'server')
+local server = ''
+if ok and type(info) == 'string' then
+    server = string.match(info, 'run_id:(%x+)') or ''
+end
+return {state, holder, server}
 """
 
 
@@ -77,6 +94,10 @@ class BeatLock:
         self._active_since: datetime | None = None
         self.last_other: str | None = None
         self.last_error: str | None = None
+        # The run id of the server the last answer came from, and the monotonic time before
+        # which a lock taken from another server is not counted on (see the module's doc).
+        self.server: str | None = None
+        self._fenced_until_s = 0.0
 
     def hold(self) -> tuple[bool, str | None]:
         """Renew or take the lock. Returns (held now, the holder we took over from, if this
@@ -88,7 +109,7 @@ class BeatLock:
         kept across renewals that answer "still ours" only while the hold never ended."""
         sent_s = self._clock()
         try:
-            state, holder = self._script(keys=[LOCK_KEY], args=[self.identity, self.ttl_ms])
+            state, holder, server = self._script(keys=[LOCK_KEY], args=[self.identity, self.ttl_ms])
         except redis.RedisError as exc:
             self.last_error = str(exc)
             held = self._keep_until_lapsed()
@@ -104,7 +125,16 @@ class BeatLock:
             if self.held:
                 log.warning("beat_lock_lost", holder=holder_text)
             self.last_other = holder_text
-        self._set(held=int(state) in (1, 2), sent_s=sent_s, acquired=int(state) == 2)
+        server_text = server.decode() if isinstance(server, bytes) else str(server)
+        changed = bool(self.server and server_text and server_text != self.server)
+        if server_text:
+            self.server = server_text
+        self._set(
+            held=int(state) in (1, 2),
+            sent_s=sent_s,
+            acquired=int(state) == 2,
+            server_changed=changed,
+        )
         return self.held, took_over_from
 
     def _keep_until_lapsed(self) -> bool:
@@ -116,7 +146,7 @@ class BeatLock:
                 self._end()
             return self.held
 
-    def _set(self, *, held: bool, sent_s: float, acquired: bool) -> None:
+    def _set(self, *, held: bool, sent_s: float, acquired: bool, server_changed: bool) -> None:
         with self._state:
             if not held:
                 self._end()
@@ -124,21 +154,34 @@ class BeatLock:
             # "Still ours" after a lapse: this beat stopped firing in between, so what fell
             # due meanwhile was missed, as for a beat that has just taken the lock.
             lapsed = not self.held or self._clock() >= self._valid_until_s
+            if acquired and server_changed and lapsed:
+                # Taken from a server that may have lost another beat's hold: wait it out.
+                self._fenced_until_s = sent_s + self.ttl_s
+                log.warning(
+                    "beat_lock_fenced_after_server_change",
+                    identity=self.identity,
+                    server=self.server,
+                    wait_s=self.ttl_s,
+                )
             self.held = True
             self._valid_until_s = sent_s + self.ttl_s
             if acquired or lapsed:
-                self._active_since = self._wall_clock()
+                fenced_s = max(0.0, self._fenced_until_s - self._clock())
+                self._active_since = self._wall_clock() + timedelta(seconds=fenced_s)
 
     def _end(self) -> None:
         self.held = False
         self._valid_until_s = 0.0
+        self._fenced_until_s = 0.0
         self._active_since = None
 
     def active_since(self) -> datetime | None:
         """When this beat took the lock it still holds for sure; None when it does not
-        (standing by, lost, or its last renewal is older than the TTL)."""
+        (standing by, lost, its last renewal older than the TTL, or taken from a new server
+        less than one TTL ago)."""
         with self._state:
-            if self.held and self._clock() < self._valid_until_s:
+            now_s = self._clock()
+            if self.held and self._fenced_until_s <= now_s < self._valid_until_s:
                 return self._active_since
             return None
 

@@ -1,4 +1,7 @@
-"""Three changes to kombu's Redis transport in the pipeline's workers.
+"""Three changes to kombu's Redis transport in the pipeline's workers. Its Sentinel transport
+(a `sentinel://` broker) subclasses it without overriding what is changed here, so it gets
+the same changes; its connections are redis-py's `SentinelManagedConnection`, which
+`app.redis_client` replaces when idle like the others (guarded by the unit tests).
 
 1. One client object per channel. kombu builds a new `redis.Redis` (over the channel's
    connection pool) for every command it sends outside the blocking fetch: an ack, a

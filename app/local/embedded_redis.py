@@ -18,6 +18,7 @@ import redis
 
 from app.errors import BrokerUnavailable, ConfigError
 from app.redis_client import make_redis
+from app.redis_url import is_sentinel
 
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 
@@ -36,8 +37,9 @@ def server_binary() -> str:
 
 
 def answers(url: str, *, timeout_s: float = 1.0) -> bool:
-    """Whether a Redis server answers PING at `url`."""
-    client = redis.Redis.from_url(url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s)
+    """Whether a Redis server (for a sentinel URL: the primary Sentinel names) answers PING
+    at `url`."""
+    client = make_redis(url, {"socket_connect_timeout": timeout_s, "socket_timeout": timeout_s})
     try:
         return bool(client.ping())
     except redis.RedisError:
@@ -61,6 +63,8 @@ class RedisServer:
     @classmethod
     def for_url(cls, url: str, *, workdir: Path) -> RedisServer:
         """A server for `url`, which must name a loopback host and a port."""
+        if is_sentinel(url):
+            raise ConfigError("PIPELINE_REDIS_URL: no sentinel named a primary that answers")
         parts = urlsplit(url)
         if parts.hostname not in LOOPBACK:
             raise ConfigError(f"PIPELINE_REDIS_URL: cannot start a server on {parts.hostname}")

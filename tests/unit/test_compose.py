@@ -209,3 +209,30 @@ def test_a_service_environment_with_a_bad_value_does_not_load(monkeypatch):
     service["environment"] = {**service["environment"], "PIPELINE_REDIS_URL": "http://redis:6379/0"}
     with pytest.raises(ConfigError, match="PIPELINE_REDIS_URL"):
         settings_for(service, monkeypatch)
+
+
+@pytest.mark.usefixtures("_fresh_default_celery")
+def test_the_sentinel_profile_adds_a_replica_and_three_sentinels_the_url_points_at(monkeypatch):
+    environ = dict(
+        OPERATOR_ENV,
+        REDIS_SCHEME="sentinel",
+        REDIS_ADDRESS="sentinel-1:26379,sentinel-2:26379,sentinel-3:26379/0?master=pipeline",
+    )
+    assert compose_problems(load_compose(), environ) == []
+    found = interpolate_tree(load_compose(), environ)["services"]
+    in_profile = {name for name, service in found.items() if service.get("profiles")}
+    assert in_profile == {"redis-replica", "sentinel-1", "sentinel-2", "sentinel-3"}
+    assert all(found[name]["profiles"] == ["sentinel"] for name in in_profile)
+    replica = shlex.join(argv_of(found["redis-replica"]["command"]))
+    assert "--replicaof redis 6379" in replica
+    for name in ("sentinel-1", "sentinel-2", "sentinel-3"):
+        script = found[name]["command"][-1]
+        assert "sentinel monitor pipeline redis 6379 2" in script
+        assert script.endswith("exec redis-server /tmp/sentinel.conf --sentinel")
+    url = settings_for(found["intake"], monkeypatch).redis_url
+    assert url == (
+        "sentinel://:change-me@sentinel-1:26379,sentinel-2:26379,sentinel-3:26379/0?master=pipeline"
+    )
+    # Without the two variables, the one Redis as before.
+    default = services()["intake"]
+    assert settings_for(default, monkeypatch).redis_url == "redis://:change-me@redis:6379/0"

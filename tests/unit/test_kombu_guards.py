@@ -164,3 +164,26 @@ def test_kombu_watches_the_fetch_and_pubsub_connections_itself(shipped):
     assert {"maybe_check_brpop_health", "maybe_check_subclient_health"} <= _reads(
         shipped.Transport.register_with_event_loop
     )
+
+
+def test_the_sentinel_transport_keeps_every_patch(shipped):
+    """kombu's Sentinel transport (a `sentinel://` broker URL) is a subclass of the Redis
+    transport that overrides none of the patched methods: its channels get ours. Its pool
+    is built from `_connparams` (so from our connection classes), over redis-py's
+    `SentinelManagedConnection`, which `app.redis_client` replaces when idle."""
+    channel = shipped.SentinelChannel
+    assert issubclass(channel, shipped.Channel)
+    assert shipped.SentinelTransport.Channel is channel
+    for name in ("conn_or_acquire", "_connparams", "_create_client", "basic_ack", "QoS"):
+        assert name not in vars(channel), name
+    assert "_connparams" in _reads(channel._sentinel_managed_pool)
+    assert "_sentinel_managed_pool" in _reads(channel._get_pool)
+    assert channel.connection_class is redis.sentinel.SentinelManagedConnection
+    patched = kombu_redis.SentinelChannel
+    assert patched.conn_or_acquire is kombu_patches._conn_or_acquire
+    assert patched._connparams is kombu_patches._connparams_without_waiting_checks
+    assert patched.QoS.ack is kombu_patches._ack_or_skip
+    assert patched.QoS.restore_unacked is kombu_patches._restore_unacked_or_skip
+    idle = redis_client.replaced_when_idle(patched.connection_class)
+    assert issubclass(idle, redis.sentinel.SentinelManagedConnection)
+    assert idle.check_health is not redis.sentinel.SentinelManagedConnection.check_health
