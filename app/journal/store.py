@@ -94,6 +94,8 @@ class NewRecord:
     dedup_key: str
     body_sha256: str
     payload: dict[str, Any]
+    # The request's W3C traceparent, when tracing is on (`app.observe.tracing`).
+    traceparent: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -145,6 +147,7 @@ def insert_records(
             "created_at": now,
             "updated_at": now,
             "task_id": new.id,
+            "traceparent": new.traceparent,
         }
         for new in news
     ]
@@ -183,6 +186,7 @@ def insert_records(
                 updated_at=now,
                 finished_at=None,
                 task_id=new.id,
+                traceparent=new.traceparent,
             )
             stored.append((record, True))
         else:
