@@ -254,3 +254,54 @@ def test_the_product_runs_without_the_sdk_and_asking_for_tracing_then_says_what_
     assert outcome["healthz"] == 200
     assert "PIPELINE_OTEL_ENDPOINT" in outcome["refused"]
     assert "pip install 'durable-pipeline[otel]'" in outcome["refused"]
+
+
+def test_a_retry_pushed_by_the_sweeper_stays_in_the_records_trace(harness):
+    collector = Collector().start()
+    downstream = Recorder(status=500).start()
+    try:
+        harness.configure(
+            otel_endpoint=collector.url,
+            lines__shipment__downstream_url=f"{downstream.url}/in",
+            lines__shipment__backoff_initial_s="0.05",
+            lines__shipment__backoff_max_s="0.2",
+        )
+        _set_env(harness, **FAST_EXPORT)
+        client = harness.start_intake()
+        harness.start_worker("shipment")
+        harness.start_beat()
+        answer = client.post("/v1/shipment", json={"business_no": "SH-4"})
+        assert answer.status_code == 202, answer.text
+        record_id = answer.json()["id"]
+        wait_for(downstream.snapshot, timeout_s=30, what="the first delivery")
+        downstream.status = 200
+        final = harness.wait_until_final({record_id})[record_id]
+        assert final.status.value == "done"
+        assert final.attempts >= 2
+        trace_id = client.get(f"/v1/records/{record_id}").json()["trace_id"]
+        deliveries = downstream.snapshot()
+        assert len(deliveries) == final.attempts
+        assert {d.headers["traceparent"].split("-")[1] for d in deliveries} == {trace_id}
+
+        def the_trace() -> list[ReceivedSpan]:
+            return [s for s in collector.snapshot() if s.trace_id == trace_id]
+
+        wait_for(
+            lambda: len([s for s in the_trace() if s.kind == "client"]) == final.attempts,
+            timeout_s=30,
+            what="a span of every delivery in the record's trace",
+        )
+        spans = the_trace()
+        request = _the_one(spans, kind="server", service="pipeline-intake")
+        pushes = [s for s in spans if s.kind == "producer"]
+        attempts = [s for s in spans if s.kind == "consumer"]
+        # The first push is the intake's; the retries are the sweeper's, in the beat.
+        assert {p.service for p in pushes} == {"pipeline-intake", "pipeline-beat"}
+        assert {p.parent_span_id for p in pushes} == {request.span_id}
+        assert len(attempts) == final.attempts
+        assert {a.parent_span_id for a in attempts} <= {p.span_id for p in pushes}
+        assert [a.attributes["pipeline.outcome"] for a in attempts].count("done") == 1
+        assert sum(a.failed for a in attempts) == final.attempts - 1
+    finally:
+        downstream.stop()
+        collector.stop()
