@@ -286,10 +286,20 @@ def test_a_retry_pushed_by_the_sweeper_stays_in_the_records_trace(harness):
         def the_trace() -> list[ReceivedSpan]:
             return [s for s in collector.snapshot() if s.trace_id == trace_id]
 
+        def every_attempt_exported() -> bool:
+            # Each process exports on its own, and an attempt's span ends after its outcome
+            # is committed: wait for every attempt, its delivery and the push it came from.
+            spans = the_trace()
+            kinds = [s.kind for s in spans]
+            pushes = {s.span_id for s in spans if s.kind == "producer"}
+            parents = {s.parent_span_id for s in spans if s.kind == "consumer"}
+            counted = kinds.count("consumer") == kinds.count("client") == final.attempts
+            return counted and parents <= pushes
+
         wait_for(
-            lambda: len([s for s in the_trace() if s.kind == "client"]) == final.attempts,
+            every_attempt_exported,
             timeout_s=30,
-            what="a span of every delivery in the record's trace",
+            what="the spans of every attempt and delivery in the record's trace",
         )
         spans = the_trace()
         request = _the_one(spans, kind="server", service="pipeline-intake")
