@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import socket
+import urllib.parse
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
@@ -23,7 +24,10 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.trace import Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from app.logs import get_logger
 from app.observe.tracing import AttributeValue, Span, SpanKind
+
+log = get_logger(__name__)
 
 _PROPAGATOR = TraceContextTextMapPropagator()
 _KINDS = {
@@ -81,6 +85,14 @@ class OtelTracing:
         self._provider = TracerProvider(resource=Resource.create(attributes))
         self._provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint)))
         self._tracer = self._provider.get_tracer(SCOPE)
+        # Where to, without credentials or query: the URL may carry them.
+        parts = urllib.parse.urlsplit(endpoint)
+        shown = f"{parts.scheme}://{parts.hostname}{f':{parts.port}' if parts.port else ''}"
+        log.info(
+            "tracing_on",
+            service=os.environ.get("OTEL_SERVICE_NAME") or service,
+            collector=shown + parts.path,
+        )
 
     def start(
         self,
