@@ -18,6 +18,7 @@ from app.journal.attempt_log import Attempt
 from app.journal.audit import MAX_REASON_LENGTH
 from app.journal.models import Record, RecordStatus, Source
 from app.journal.store import RecordFilter
+from app.observe.tracing import trace_id_of
 
 if TYPE_CHECKING:
     from app.recovery.record_actions import BulkCounts
@@ -310,6 +311,7 @@ def _record_fields(record: Record) -> Table:
         "created at": _iso(record.created_at),
         "updated at": _iso(record.updated_at),
         "finished at": _iso(record.finished_at),
+        "trace id": trace_id_of(record.traceparent) or "-",
     }
     for name, value in rows.items():
         table.add_row(name, Text(value))

@@ -19,6 +19,7 @@ from app.delivery.pausing import LinePauser
 from app.delivery.push import Pusher
 from app.delivery.runner import AttemptRunner
 from app.delivery.sinks import make_http_client
+from app.delivery.traced_http import TracedTransport
 from app.journal.engine import make_engine
 from app.journal.journal import Journal
 from app.lines import LineRegistry
@@ -26,6 +27,7 @@ from app.observe.alerts import Alerter
 from app.observe.line_view import LineView
 from app.observe.monitor import Monitor
 from app.observe.telemetry import Telemetry
+from app.observe.tracing import Tracing, make_tracing
 from app.recovery.lost_messages import LostMessages
 from app.recovery.replay import Replayer
 from app.recovery.retention import Retention
@@ -60,17 +62,28 @@ class Runtime:
     firer: ScheduleFirer
     paused: PausedLines
     pauser: LinePauser
+    tracing: Tracing
 
     @classmethod
-    def build(cls, settings: Settings, *, db_pool_size: int = 5) -> Runtime:
-        """Resolve the lines (raises `ConfigError`) and build the clients and pieces."""
+    def build(
+        cls, settings: Settings, *, db_pool_size: int = 5, component: str = "pipeline"
+    ) -> Runtime:
+        """Resolve the lines and build the clients and pieces. `component` names the
+        process's spans' service (`pipeline-intake`, `pipeline-worker`) when tracing is
+        on. Raises `ConfigError` (a bad line, or tracing asked for without its SDK)."""
         lines = LineRegistry.from_settings(settings)
+        tracing = make_tracing(
+            settings.otel_endpoint,
+            service=component if component == "pipeline" else f"pipeline-{component}",
+        )
         client = make_redis(settings.redis_url, redis_options(settings))
         telemetry = Telemetry(client)
         engine = make_engine(settings.database_url, pool_size=db_pool_size)
         journal = Journal(engine)
-        pusher = Pusher(client)
-        http = make_http_client()
+        pusher = Pusher(client, tracing=tracing)
+        http = make_http_client(
+            TracedTransport(httpx.HTTPTransport(), tracing=tracing) if tracing.enabled else None
+        )
         alerts = Alerter(settings, clock=utcnow, telemetry=telemetry)
         paused = PausedLines(journal)
         acceptor = Acceptor(
@@ -136,6 +149,7 @@ class Runtime:
             firer=ScheduleFirer(journal=journal, acceptor=acceptor),
             paused=paused,
             pauser=LinePauser(journal=journal, waiting=pusher.waiting, lines=lines, paused=paused),
+            tracing=tracing,
         )
 
     def close(self) -> None:
@@ -144,3 +158,4 @@ class Runtime:
         self.http.close()
         self.redis.close()
         self.engine.dispose()
+        self.tracing.close()

@@ -255,6 +255,9 @@ class Settings(BaseSettings):
     flower_port: int = Field(default=5555, ge=0, le=65535)
     # `user:password`; `pipeline up` and `pipeline flower` generate one when it is not set.
     flower_basic_auth: SecretStr | None = None
+    # An OTLP/HTTP collector (e.g. http://collector:4318): each process exports its spans
+    # there (app.observe.tracing; needs the `otel` extra). Unset: nothing is traced.
+    otel_endpoint: str | None = Field(default=None, pattern=r"^https?://\S+$")
     log_json: bool = False
     log_level: str = Field(default="INFO", pattern=r"^(DEBUG|INFO|WARNING|ERROR)$")
     lines: dict[str, LineSettings] = Field(default_factory=dict)

@@ -55,7 +55,9 @@ class PipelineScheduler(Scheduler):
     @property
     def runtime(self) -> Runtime:
         if self._runtime is None:
-            self._runtime = Runtime.build(pipeline_settings(self.app), db_pool_size=2)
+            self._runtime = Runtime.build(
+                pipeline_settings(self.app), db_pool_size=2, component="beat"
+            )
         return self._runtime
 
     @property

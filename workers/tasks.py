@@ -14,15 +14,17 @@ from typing import Any
 
 from celery import Task, shared_task
 from celery.exceptions import Reject
+from celery.signals import worker_process_shutdown
 
 from app.celery_app import pipeline_settings
 from app.clock import utcnow
 from app.delivery.outcomes import AttemptResult
 from app.delivery.paused import hold_back
-from app.delivery.push import TASK_NAME
+from app.delivery.push import TASK_NAME, TRACEPARENTS_HEADER
 from app.errors import JournalUnavailable
 from app.lines import Line
 from app.logs import get_logger
+from app.observe.tracing import Span, SpanKind, trace_id_of
 from app.runtime import Runtime
 from workers import (
     heartbeat,  # noqa: F401 - connects the heartbeat to the worker's signals
@@ -43,8 +45,18 @@ def runtime_for(task: Task[Any, Any]) -> Runtime:
     global _runtime  # noqa: PLW0603 - one runtime per worker process
     if _runtime is None or _runtime[0] != os.getpid():
         # A pool process runs one task at a time: a small pool is enough.
-        _runtime = (os.getpid(), Runtime.build(pipeline_settings(task.app), db_pool_size=2))
+        _runtime = (
+            os.getpid(),
+            Runtime.build(pipeline_settings(task.app), db_pool_size=2, component="worker"),
+        )
     return _runtime[1]
+
+
+@worker_process_shutdown.connect
+def _flush_spans(**_kwargs: Any) -> None:
+    """A pool process exits without running `atexit`: export its last spans first."""
+    if _runtime is not None and _runtime[0] == os.getpid():
+        _runtime[1].tracing.flush()
 
 
 class AttemptFailed(Exception):
@@ -85,6 +97,7 @@ def process(self: Task[Any, Any], record_ids: str | list[str]) -> str | list[str
         return None
     rt = runtime_for(self)
     line = _queue_line(rt, self.request.delivery_info)
+    parents = _traceparents(self.request.get(TRACEPARENTS_HEADER))
     try:
         if line is not None and rt.paused.is_paused(line.name):
             # No attempt starts: the records wait in the journal (`deferred`), and the
@@ -93,11 +106,9 @@ def process(self: Task[Any, Any], record_ids: str | list[str]) -> str | list[str
             log.info("records_held_line_paused", line=line.name, record_ids=ids[:10], held=held)
             found = [AttemptResult(record_id=record_id) for record_id in ids]
         elif len(ids) > 1 and line is not None and line.table_sink:
-            found = rt.runner.attempt_batch(ids, clock=utcnow, rng=_rng)
+            found = _attempt_batch(rt, ids, parents, line)
         else:
-            found = [
-                rt.runner.attempt(record_id, clock=utcnow, rng=_rng, line=line) for record_id in ids
-            ]
+            found = [_attempt(rt, record_id, parents.get(record_id), line) for record_id in ids]
     except JournalUnavailable as exc:
         log.warning("journal_unavailable_requeued", record_ids=ids[:10], error=str(exc))
         time.sleep(JOURNAL_RETRY_PAUSE_S)
@@ -107,6 +118,79 @@ def process(self: Task[Any, Any], record_ids: str | list[str]) -> str | list[str
         raise AttemptFailed("; ".join(_failure(result) for result in failed)[:MAX_FAILURE_TEXT])
     statuses = [result.status.value if result.status else None for result in found]
     return statuses[0] if isinstance(record_ids, str) else statuses
+
+
+def _traceparents(header: object) -> dict[str, str]:
+    """The message's `{record id: traceparent}` (`app.delivery.push.build_message`); what
+    is not a valid traceparent is left out."""
+    if not isinstance(header, dict):
+        return {}
+    return {
+        key: value
+        for key, value in header.items()
+        if isinstance(key, str) and isinstance(value, str) and trace_id_of(value)
+    }
+
+
+def _attempt_naming(record_id: str, line: Line | None) -> tuple[str, dict[str, str]]:
+    """The name and attributes of an attempt span."""
+    queue = line.queue if line is not None else "unknown"
+    return f"attempt {queue}", {
+        "messaging.system": "redis",
+        "messaging.operation.type": "process",
+        "messaging.destination.name": queue,
+        "pipeline.record_id": record_id,
+    }
+
+
+def _describe(span: Span, result: AttemptResult) -> None:
+    """What the attempt came to, on its span."""
+    if result.record is not None:
+        span.set_attribute("pipeline.attempt", result.record.attempts)
+        span.set_attribute("pipeline.business_no", result.record.business_no)
+    if result.outcome is not None:
+        span.set_attribute("pipeline.outcome", result.outcome.value)
+    if result.failed:
+        span.fail(result.error or "the attempt failed")
+
+
+def _attempt(rt: Runtime, record_id: str, parent: str | None, line: Line | None) -> AttemptResult:
+    """One attempt of `record_id` within its attempt span, a child of the push span its
+    message named (`parent`), current meanwhile: the sink's outbound call is its child."""
+    name, attributes = _attempt_naming(record_id, line)
+    with rt.tracing.span(
+        name, kind=SpanKind.CONSUMER, parent=parent, attributes=attributes
+    ) as span:
+        result = rt.runner.attempt(record_id, clock=utcnow, rng=_rng, line=line)
+        _describe(span, result)
+    return result
+
+
+def _attempt_batch(
+    rt: Runtime, ids: list[str], parents: dict[str, str], line: Line
+) -> list[AttemptResult]:
+    """The attempts of a table-sink batch (one transaction, no outbound call), each within
+    its attempt span."""
+    spans = []
+    for record_id in ids:
+        name, attributes = _attempt_naming(record_id, line)
+        spans.append(
+            rt.tracing.start(
+                name, kind=SpanKind.CONSUMER, parent=parents.get(record_id), attributes=attributes
+            )
+        )
+    try:
+        found = rt.runner.attempt_batch(ids, clock=utcnow, rng=_rng)
+        for span, result in zip(spans, found, strict=True):
+            _describe(span, result)
+    except Exception as exc:
+        for span in spans:
+            span.fail(f"{type(exc).__name__}: {exc}")
+        raise
+    finally:
+        for span in spans:
+            span.end()
+    return found
 
 
 def _failure(result: AttemptResult) -> str:

@@ -173,6 +173,7 @@ class Acceptor:
                 line.queue,
                 [r.id for r in admitted],
                 business_nos=[r.business_no for r in admitted],
+                traceparents=[r.traceparent for r in admitted],
                 max_length=line.settings.max_queue_length,
                 batch_size=line.batch_size,
                 behind=defers,

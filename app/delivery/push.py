@@ -14,13 +14,15 @@ import os
 import re
 import socket
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import redis
 
+from app.delivery.push_spans import PushSpans
 from app.delivery.waiting import BEHIND_KEY, LEAVING_EXPIRY_MS, LEAVING_KEY, Waiting
 from app.errors import BrokerUnavailable
+from app.observe.tracing import NO_TRACING, Tracing
 from app.redis_client import as_text
 
 # The one task every line's worker runs; its queue tells the line.
@@ -99,11 +101,16 @@ class PushResult:
     leaving: str | None = None
 
 
+# The message header that carries a traceparent per traced record of the message,
+# `{record id: traceparent}` (`app.observe.tracing`); absent when none is traced.
+TRACEPARENTS_HEADER = "traceparents"
+
+
 @functools.lru_cache(maxsize=256)
-def _template(queue: str, origin: str, task: str) -> str:
+def _template(queue: str, origin: str, task: str, traced: bool = False) -> str:
     """The JSON text of `build_message`'s message with a placeholder for each per-record
-    part (body, id, argsrepr, kwargsrepr, delivery tag)."""
-    message = {
+    part (body, id, argsrepr, kwargsrepr, delivery tag, and the traceparents if `traced`)."""
+    message: dict[str, object] = {
         "body": "\x00BODY\x00",
         "content-encoding": "utf-8",
         "content-type": "application/json",
@@ -138,6 +145,11 @@ def _template(queue: str, origin: str, task: str) -> str:
             "delivery_tag": "\x00TAG\x00",
         },
     }
+    if traced:
+        # Last, where Celery's publisher puts the headers given to `apply_async`.
+        headers = message["headers"]
+        assert isinstance(headers, dict)
+        headers[TRACEPARENTS_HEADER] = "\x00TRACES\x00"
     return json.dumps(message)
 
 
@@ -152,6 +164,7 @@ def build_message(
     origin: str,
     task: str = TASK_NAME,
     business_nos: str | Sequence[str] | None = None,
+    traceparents: Mapping[str, str] | None = None,
 ) -> bytes:
     """The Celery task message for one record id, or for a batch of them, as kombu's Redis
     transport stores it (task protocol 2, JSON). The task's argument is the id, or the list
@@ -161,7 +174,10 @@ def build_message(
     Its `kwargsrepr` (what Celery's task events, and so Flower, show as the task's keyword
     arguments; the task takes none) names the line and the records' business numbers
     (`business_nos`, one per id, when given), so that Flower's task list finds a task by
-    them: `kwargs:business_no=B-1`."""
+    them: `kwargs:business_no=B-1`.
+
+    `traceparents`: the W3C traceparent of each traced record of the message, by record
+    id, carried in the `traceparents` header (left out when None or empty)."""
     arg = record_ids if isinstance(record_ids, str) else list(record_ids)
     values = {
         "BODY": '"' + base64.b64encode(f"[[{json.dumps(arg)}]{_BODY_TAIL}".encode()).decode() + '"',
@@ -170,7 +186,9 @@ def build_message(
         "KWARGSREPR": json.dumps(labels_repr(queue, business_nos)),
         "TAG": f'"{_delivery_tag()}"',
     }
-    texts, names = _template_parts(queue, origin, task)
+    if traceparents:
+        values["TRACES"] = json.dumps(dict(traceparents))
+    texts, names = _template_parts(queue, origin, task, bool(traceparents))
     out = [texts[0]]
     for name, text in zip(names, texts[1:], strict=True):
         out += (values[name], text)
@@ -203,11 +221,13 @@ def labels_repr(line: str, business_nos: str | Sequence[str] | None) -> str:
 
 
 @functools.lru_cache(maxsize=256)
-def _template_parts(queue: str, origin: str, task: str) -> tuple[list[str], list[str]]:
+def _template_parts(
+    queue: str, origin: str, task: str, traced: bool
+) -> tuple[list[str], list[str]]:
     """`_template` cut at its placeholders: the texts between them, and their names."""
     pieces = re.split(
         f'"{re.escape(_PLACEHOLDER)}([A-Z]+){re.escape(_PLACEHOLDER)}"',
-        _template(queue, origin, task),
+        _template(queue, origin, task, traced),
     )
     return pieces[0::2], pieces[1::2]
 
@@ -247,15 +267,16 @@ def batches(record_ids: Sequence[str], size: int) -> list[str | list[str]]:
 class Pusher:
     """Pushes records onto their line's queue, never past its bound."""
 
-    def __init__(self, client: redis.Redis) -> None:
+    def __init__(self, client: redis.Redis, *, tracing: Tracing = NO_TRACING) -> None:
         self._client = client
+        self._tracing = tracing
         self._script = client.register_script(_PUSH_BOUNDED)
         self._epoch_script = client.register_script(_CURRENT_EPOCH)
         self._present_script = client.register_script(_WAITING_AND_HELD)
         self.waiting = Waiting(client)
         self._origin = f"{os.getpid()}@{socket.gethostname()}"
 
-    def push(
+    def push(  # noqa: PLR0913 - keyword-only: the records' sequences and the push's options
         self,
         queue: str,
         record_ids: Sequence[str],
@@ -265,6 +286,7 @@ class Pusher:
         behind: bool = False,
         keeps_left: bool = False,
         business_nos: Sequence[str] | None = None,
+        traceparents: Sequence[str | None] | None = None,
     ) -> PushResult:
         """Push the messages of `record_ids` onto `queue` while it holds fewer than
         `max_length` messages, `batch_size` records to a message. `pushed` counts records.
@@ -274,19 +296,26 @@ class Pusher:
         pushed later (`deferred`, `failed`): newer records then wait behind it, and the
         caller gives `leaving` to `self.waiting.left_kept` once its journal says so.
         `business_nos`: the records' business numbers, in the order of `record_ids`, which
-        each message names beside its line (see `build_message`).
+        each message names beside its line (see `build_message`). `traceparents`: the
+        records' traceparents, in that order (None for an untraced one): with tracing on,
+        each traced record gets a push span, child of its traceparent, which its message
+        carries (see `app.delivery.push_spans`).
 
         Raises `BrokerUnavailable` when Redis cannot be reached."""
         if not record_ids:
             return PushResult(pushed=0, depth=self.depth(queue), epoch=self.epoch())
         args = batches(record_ids, batch_size)
         labels = batches(business_nos, batch_size) if business_nos is not None else None
+        spans = PushSpans(
+            self._tracing, queue=queue, record_ids=record_ids, traceparents=traceparents
+        )
         messages = [
             build_message(
                 arg,
                 queue=queue,
                 origin=self._origin,
                 business_nos=labels[n] if labels is not None else None,
+                traceparents=spans.of(arg),
             )
             for n, arg in enumerate(args)
         ]
@@ -309,8 +338,10 @@ class Pusher:
                 ],
             )
         except redis.RedisError as exc:
+            spans.finish(record_ids, pushed=0, error=f"{type(exc).__name__}: {exc}")
             raise BrokerUnavailable(f"push to {queue!r} failed: {exc}") from exc
         records = sum(1 if isinstance(arg, str) else len(arg) for arg in args[: int(pushed)])
+        spans.finish(record_ids, pushed=records)
         return PushResult(
             pushed=records,
             depth=int(depth),

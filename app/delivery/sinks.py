@@ -155,9 +155,10 @@ def redact_url(url: str) -> str:
     return urllib.parse.urlunsplit((parts.scheme, f"{host}{port}", parts.path, "", ""))
 
 
-def make_http_client() -> httpx.Client:
-    """The HTTP sink's client: pooled, bounded timeouts, no redirects followed."""
-    return httpx.Client(timeout=HTTP_TIMEOUT_S, follow_redirects=False)
+def make_http_client(transport: httpx.BaseTransport | None = None) -> httpx.Client:
+    """The HTTP sink's client: pooled, bounded timeouts, no redirects followed; over
+    `transport` when given (`app.delivery.traced_http`)."""
+    return httpx.Client(timeout=HTTP_TIMEOUT_S, follow_redirects=False, transport=transport)
 
 
 def stored_rows(

@@ -26,6 +26,7 @@ from app.intake import (
 from app.intake.exposure import LoopbackOnly, check_keys_or_dev_mode
 from app.intake.limits import RequestLimits
 from app.intake.pacing import pacers_for
+from app.intake.request_spans import RequestSpans
 from app.lines import LineRegistry
 from app.recovery.drain import Drainer
 from app.runtime import Runtime
@@ -38,7 +39,7 @@ DB_POOL_SIZE = 10
 def create_app(settings: Settings) -> FastAPI:
     """The intake app for `settings`. Raises `ConfigError` for a bad line setting, or for
     no intake keys without dev mode (`app.intake.exposure`)."""
-    rt = Runtime.build(settings, db_pool_size=DB_POOL_SIZE)
+    rt = Runtime.build(settings, db_pool_size=DB_POOL_SIZE, component="intake")
     try:
         check_keys_or_dev_mode(settings)
     except ConfigError:
@@ -77,6 +78,9 @@ def create_app(settings: Settings) -> FastAPI:
     )
     if settings.in_dev_mode:
         app.add_middleware(LoopbackOnly)  # added last: the outermost, before any limit
+    if rt.tracing.enabled:
+        # Outermost of all: a request's span covers every answer, a refusal's too.
+        app.add_middleware(RequestSpans, tracing=rt.tracing)
     app.include_router(routes_console.router)
     app.include_router(routes_schedules.router)
     app.include_router(routes_records.router)

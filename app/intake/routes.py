@@ -358,6 +358,7 @@ async def post_record(line: str, request: Request, rt: RuntimeDep) -> JSONRespon
         dedup_key=caller.dedup_key,
         body_sha256=digest(body),
         payload=payload,
+        traceparent=rt.tracing.current_traceparent(),
     )
     group: GroupAccept = request.app.state.group_accept
     result = await group.accept(new)

@@ -9,6 +9,7 @@ from typing import Any
 from app.journal.attempt_log import Attempt
 from app.journal.models import Record
 from app.observe.line_view import LineStatus
+from app.observe.tracing import trace_id_of
 
 
 def payload_bytes(record: Record) -> int:
@@ -22,7 +23,8 @@ def record_view(
 ) -> dict[str, Any]:
     """A record as `GET /v1/records…` shows it: times in ISO 8601 UTC, and its payload's
     size (`payload_bytes`). With `history` (the record's attempts, oldest first), it shows
-    them as `attempt_history`; `attempts` stays their count. Without `include_payload`,
+    them as `attempt_history`; `attempts` stays their count. `trace_id`: the trace of the
+    request that brought the record in, when it was traced. Without `include_payload`,
     the payload itself is left out (the console never shows it)."""
     view: dict[str, Any] = {
         "id": record.id,
@@ -39,6 +41,8 @@ def record_view(
         "updated_at": record.updated_at.isoformat(),
         "finished_at": record.finished_at.isoformat() if record.finished_at else None,
         "next_attempt_at": record.next_attempt_at.isoformat() if record.next_attempt_at else None,
+        # The trace the record was taken in under, when tracing was on (else None).
+        "trace_id": trace_id_of(record.traceparent),
     }
     if not include_payload:
         del view["payload"]

@@ -113,6 +113,9 @@ records = Table(
     # (host:pid) and until when; `attempts` is its fencing token. None: nobody runs it.
     Column("lease_owner", String(128), nullable=True),
     Column("lease_expires_at", UtcDateTime, nullable=True),
+    # The W3C traceparent of the request that brought the record in, when tracing is on
+    # (app.observe.tracing): its trace id, and the span its later pushes descend from.
+    Column("traceparent", String(55), nullable=True),
     Index(None, "status", "next_attempt_at"),
     Index(None, "status", "updated_at"),
     # Retention: the `done` records finished before a time, oldest first.
@@ -266,6 +269,7 @@ class Record:
     queue_epoch: str | None = None
     lease_owner: str | None = None
     lease_expires_at: datetime | None = None
+    traceparent: str | None = None
 
     @classmethod
     def from_row(cls, row: Any) -> Record:

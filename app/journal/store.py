@@ -94,6 +94,8 @@ class NewRecord:
     dedup_key: str
     body_sha256: str
     payload: dict[str, Any]
+    # The request's W3C traceparent, when tracing is on (`app.observe.tracing`).
+    traceparent: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -145,6 +147,7 @@ def insert_records(
             "created_at": now,
             "updated_at": now,
             "task_id": new.id,
+            "traceparent": new.traceparent,
         }
         # In the order of their dedup keys: two processes inserting some of the same keys
         # then lock them in one order, and wait for each other instead of deadlocking.
@@ -185,6 +188,7 @@ def insert_records(
                 updated_at=now,
                 finished_at=None,
                 task_id=new.id,
+                traceparent=new.traceparent,
             )
             stored.append((record, True))
         else:

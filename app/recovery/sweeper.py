@@ -152,6 +152,7 @@ def push_claimed(
             line.queue,
             [r.id for r in claimed],
             business_nos=[r.business_no for r in claimed],
+            traceparents=[r.traceparent for r in claimed],
             max_length=line.settings.max_queue_length,
             batch_size=line.batch_size,
             keeps_left=True,

@@ -125,3 +125,51 @@ def test_a_celery_worker_request_reads_our_message_as_the_tasks_call(celery, arg
     assert request.content_type == "application/json"
     bound = inspect.signature(task.run).bind(*request.args, **request.kwargs)
     assert bound.arguments == {"record_ids": arg}
+
+
+# One traceparent per record: the records of a batch may come from different traces.
+TRACEPARENTS = {
+    "01ONE": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+    "01TWO": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+}
+
+
+def _traceparents_of(arg: str | list[str]) -> dict[str, str]:
+    return {i: TRACEPARENTS[i] for i in ([arg] if isinstance(arg, str) else arg)}
+
+
+@pytest.mark.parametrize("arg", ARGUMENTS)
+def test_traced_records_traceparents_are_the_header_celery_publishes_given_to_apply_async(
+    celery, arg
+):
+    celerys = _celerys(celery, arg)
+    # What Celery's publisher does with `apply_async(headers=...)`: adds them after its own.
+    celerys.headers.update({"traceparents": _traceparents_of(arg)})
+    raw = build_message(
+        arg,
+        queue=QUEUE,
+        origin=ORIGIN,
+        business_nos=_business_nos(arg),
+        traceparents=_traceparents_of(arg),
+    )
+    ours = json.loads(raw)
+    assert list(ours["headers"]) == list(celerys.headers)
+    assert ours["headers"] == _as_json(celerys.headers)
+    task = celery.tasks[TASK_NAME]
+    with Connection("memory://") as conn:
+        message = conn.default_channel.message_to_python(ours)
+        request = Request(message, app=celery, task=task)
+    assert request.request_dict["traceparents"] == _traceparents_of(arg)
+
+
+def test_an_untraced_message_carries_no_traceparents_header():
+    assert (
+        "traceparents"
+        not in json.loads(build_message(["01ONE"], queue=QUEUE, origin=ORIGIN))["headers"]
+    )
+    assert (
+        "traceparents"
+        not in json.loads(build_message("01ONE", queue=QUEUE, origin=ORIGIN, traceparents={}))[
+            "headers"
+        ]
+    )
