@@ -93,7 +93,7 @@ function renderDetail(record) {
     ...field("payload size", `${record.payload_bytes} bytes`),
     ...field("next attempt", record.status === "failed" ? timeEl(record.next_attempt_at) : `none (${record.status})`), ...field("created", timeEl(record.created_at)),
     ...field("updated", timeEl(record.updated_at)), ...field("finished", timeEl(record.finished_at)),
-    ...field("last error", record.last_error || "–"));
+    ...field("last error", record.last_error || "–"), ...field("trace id", record.trace_id || "–"));
   const attempts = record.attempt_history.map((a) => el("tr", {"data-outcome": a.outcome},
     el("td", {class: "num"}, String(a.attempt)), el("td", {class: "status-" + (a.outcome === "done" ? "done" : "failed")}, a.outcome),
     el("td", {class: "num"}, a.http_status === null ? "–" : String(a.http_status)),
