@@ -60,6 +60,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--worker-records", type=_positive, default=600)
     parser.add_argument("--requests", type=_positive, default=3_000, help="intake requests")
     parser.add_argument("--save", type=Path, help="also write the figures here, as JSON")
+    parser.add_argument(
+        "--combine",
+        action="append",
+        type=Path,
+        help="measure nothing: merge these saved figures (repeat) and add the plan",
+    )
     return parser
 
 
@@ -149,8 +155,28 @@ def with_plan(figures: dict[str, Any]) -> dict[str, Any]:
     return figures
 
 
+def combined(paths: Sequence[Path]) -> dict[str, Any]:
+    """Figures saved by several runs, in one: their journals side by side, the rest of a
+    later file over an earlier one's; each run's date and command kept under `runs`."""
+    figures: dict[str, Any] = {"journal": [], "runs": []}
+    for path in paths:
+        saved = json.loads(path.read_text())
+        figures["runs"].append({k: saved.pop(k, None) for k in ("measured_at", "command")})
+        figures["journal"] += saved.pop("journal", [])
+        figures.update(saved)
+    return figures
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.combine:
+        try:
+            figures = with_plan(combined(args.combine))
+        except (OSError, ValueError, KeyError) as exc:
+            print(f"capacity: cannot combine: {type(exc).__name__}: {exc}", file=sys.stderr)
+            return 1
+        print(json.dumps(figures, indent=2))
+        return 0
     try:
         with tempfile.TemporaryDirectory(prefix="pipeline-capacity-") as workdir:
             figures = with_plan(measure(args, Path(workdir)))

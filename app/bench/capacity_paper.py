@@ -17,8 +17,6 @@ RECORDS_PER_DAY = 10_000_000
 PEAK_FACTOR = 3.0
 RETENTION_DAYS = (7, 30, 90)
 LATENCIES_MS = (0, 50, 200)
-# Of a host's cores, the share planned for (the rest is headroom for a host's loss).
-CORE_BUDGET = 0.6
 
 
 def per_second(records_per_day: float) -> float:

@@ -122,6 +122,19 @@ def cpu_seconds(pid: int) -> float:
     return total / CLOCK_TICKS
 
 
+def pss_mib(pid: int) -> float:
+    """The proportional set size of `pid` in MiB: its private memory plus its share of
+    what it shares (a forked pool process shares its parent's pages), 0 if it is gone."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as rollup:
+            for row in rollup:
+                if row.startswith("Pss:"):
+                    return int(row.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
 def _done(journal: Journal) -> int:
     query = select(func.count()).where(records.c.status == RecordStatus.DONE.value)
     with journal.reading() as conn:
@@ -196,6 +209,9 @@ def measure_worker(
             )
             seconds = time.monotonic() - started
             cpu = cpu_seconds(pid) - cpu_before
+            pool = children(pid)
+            parent_mib = pss_mib(pid)
+            pool_mib = sum(pss_mib(p) for p in pool) / max(1, len(pool))
             posts = len(server.keys)
             distinct = len(set(server.keys))
     finally:
@@ -209,6 +225,8 @@ def measure_worker(
         "seconds": round(seconds, 2),
         "records_per_s": round(run.records / seconds, 1),
         "worker_cpu_ms_per_record": round(cpu * 1000 / run.records, 2),
+        "pss_mib_parent": round(parent_mib, 1),
+        "pss_mib_per_pool_process": round(pool_mib, 1),
         "downstream_posts": posts,
         "downstream_distinct_keys": distinct,
     }

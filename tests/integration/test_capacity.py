@@ -4,6 +4,7 @@ here looks at how fast anything was."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -99,6 +100,8 @@ def test_a_worker_delivers_every_record_once_to_the_downstream(database_url, red
     assert figures["downstream_posts"] == figures["downstream_distinct_keys"] == 12
     assert figures["records_per_s"] > 0
     assert figures["worker_cpu_ms_per_record"] > 0
+    assert figures["pss_mib_parent"] > 0
+    assert figures["pss_mib_per_pool_process"] > 0
 
 
 def test_bad_arguments_get_one_clear_line_and_no_traceback():
@@ -154,3 +157,34 @@ def test_the_intake_answers_every_request_and_its_cpu_is_measured(
             assert conn.execute(text("SELECT count(*) FROM records")).scalar_one() == 44
     finally:
         engine.dispose()
+
+
+def test_saved_figures_combine_into_the_plan(tmp_path, capsys):
+    journal = {"database": "postgresql", "records": 10, "attempts": 11}
+    journal["lived"] = journal["compact"] = {
+        "records": {"kind": "table", "table": "records", "bytes": 8, "total_bytes": 15},
+        "record_attempts": {
+            "kind": "table",
+            "table": "record_attempts",
+            "bytes": 2,
+            "total_bytes": 3,
+        },
+    }
+    worker = {
+        "latency_ms": 0,
+        "concurrency": 1,
+        "records_per_s": 100.0,
+        "worker_cpu_ms_per_record": 4.0,
+    }
+    first, second = tmp_path / "journal.json", tmp_path / "worker.json"
+    first.write_text(json.dumps({"measured_at": "a", "command": "x", "journal": [journal]}))
+    second.write_text(json.dumps({"measured_at": "b", "command": "y", "worker": [worker]}))
+    assert capacity.main(["--combine", str(first), "--combine", str(second)]) == 0
+    figures = json.loads(capsys.readouterr().out)
+    assert figures["runs"] == [
+        {"measured_at": "a", "command": "x"},
+        {"measured_at": "b", "command": "y"},
+    ]
+    assert figures["plan"]["pool_processes_at_peak"] == {"0": 4, "50": 21, "200": 73}
+    assert capacity.main(["--combine", str(tmp_path / "missing.json")]) == 1
+    assert "capacity: cannot combine: FileNotFoundError" in capsys.readouterr().err
