@@ -151,7 +151,7 @@ def _vacuum(engine: Engine, *, full: bool) -> None:
             conn.execute(text("VACUUM (ANALYZE) records, record_attempts"))
 
 
-def _new_record(n: int, at: datetime) -> store.NewRecord:
+def new_record(n: int, at: datetime) -> store.NewRecord:
     payload = order_payload(n)
     return store.NewRecord(
         id=new_id(at),
@@ -205,7 +205,7 @@ def _life(journal: Journal, n0: int, count: int, start: datetime) -> int:
     groups = []
     for g0 in range(n0, n0 + count, GROUP):
         at = start + SPACING * g0
-        groups.append((at, [_new_record(n, at) for n in range(g0, min(n0 + count, g0 + GROUP))]))
+        groups.append((at, [new_record(n, at) for n in range(g0, min(n0 + count, g0 + GROUP))]))
     with journal.transaction() as conn:
         for at, news in groups:
             store.insert_records(conn, news, now=at)

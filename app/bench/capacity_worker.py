@@ -26,7 +26,7 @@ from typing import Any
 import redis
 from sqlalchemy import func, select
 
-from app.bench.capacity_journal import _new_record
+from app.bench.capacity_journal import new_record
 from app.bench.procs import children, log_path, wait_until
 from app.delivery.push import Pusher
 from app.journal import store
@@ -145,7 +145,7 @@ def _journal_and_push(journal: Journal, pusher: Pusher, first: int, count: int) 
     """Journal `count` order records, then push them and mark them `enqueued` group by
     group, as the intake does."""
     now = datetime.now(UTC)
-    news = [_new_record(n, now) for n in range(first, first + count)]
+    news = [new_record(n, now) for n in range(first, first + count)]
     with journal.transaction() as conn:
         store.insert_records(conn, news, now=now)
     for start in range(0, count, PUSH_GROUP):

@@ -15,9 +15,10 @@ from sqlalchemy.pool import NullPool
 from app.bench import capacity
 from app.bench.capacity_intake import measure_intake
 from app.bench.capacity_journal import measure_journal, scratch_database
-from app.bench.capacity_redis import measure_waiting
+from app.bench.capacity_redis import measure_waiting, redis_server
 from app.bench.capacity_worker import WorkerRun, measure_worker
 from app.journal.models import record_attempts, records
+from app.local.embedded_redis import answers
 from tests.conftest import PG_ADMIN_URL
 
 
@@ -75,6 +76,13 @@ def test_a_scratch_database_is_made_migrated_and_dropped(tmp_path):
             assert found.first() is None
     finally:
         admin.dispose()
+
+
+def test_its_redis_server_answers_and_is_stopped_after(tmp_path):
+    with redis_server(tmp_path) as (url, server):
+        assert answers(url)
+        assert server.split()[0] in {"redis", "valkey"}
+    assert not answers(url)
 
 
 def test_waiting_messages_are_counted_and_their_memory_measured(redis_url):
