@@ -1,0 +1,105 @@
+"""Capacity: what waiting messages take in Redis, measured.
+
+A Redis server of our own on a free loopback port (the system's `redis-server` where there
+is one, else the Valkey `pipeline up` embeds); messages pushed by the product's `Pusher`
+exactly as the intake pushes them; `INFO memory` before and after."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from app.bench.procs import free_port
+from app.clock import utcnow
+from app.delivery.push import Pusher
+from app.ids import new_id
+from app.local.embedded_redis import answers, server_binary
+
+# Messages pushed per call: the intake's group commit pushes up to this many at once.
+PUSH_GROUP = 256
+# Long enough for any Redis to start on a loaded machine.
+START_TIMEOUT_S = 10.0
+
+
+@contextmanager
+def redis_server(workdir: Path) -> Iterator[tuple[str, str]]:
+    """`(url, "<server> <version>")` of a Redis-compatible server started here, keeping
+    nothing on disk, stopped by its PID when the block ends."""
+    binary = shutil.which("redis-server") or server_binary()
+    port = free_port()
+    log = (workdir / f"capacity-redis-{port}.log").open("ab")
+    process = subprocess.Popen(  # noqa: S603 - a fixed argument list
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    log.close()
+    url = f"redis://127.0.0.1:{port}/0"
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not answers(url, timeout_s=0.5):
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{binary} did not answer on port {port}")
+            time.sleep(0.05)
+        with redis.Redis.from_url(url) as client:
+            info = client.info("server")
+        name = "valkey" if "valkey_version" in info else "redis"
+        yield url, f"{name} {info.get('valkey_version') or info['redis_version']}"
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=5)
+
+
+def _used_memory(client: redis.Redis) -> int:
+    return int(client.info("memory")["used_memory"])
+
+
+def measure_waiting(url: str, *, messages: int, batch_size: int = 1) -> dict[str, Any]:
+    """Push `messages` messages of `batch_size` records each onto an empty queue, as the
+    intake does (no worker takes them); Redis's memory before and after. The queue is
+    deleted afterwards."""
+    queue = f"capacity-{uuid.uuid4().hex[:8]}"
+    with redis.Redis.from_url(url) as client:
+        pusher = Pusher(client)
+        pusher.epoch()  # the epoch key exists before the first figure
+        client.delete(queue)
+        before = _used_memory(client)
+        records = messages * batch_size
+        now = utcnow()
+        step = PUSH_GROUP * batch_size
+        for start in range(0, records, step):
+            ids = [new_id(now) for _ in range(min(step, records - start))]
+            numbers = [f"ORD-2026-{start + n:08d}" for n in range(len(ids))]
+            pusher.push(
+                queue,
+                ids,
+                max_length=messages,
+                batch_size=batch_size,
+                business_nos=numbers,
+            )
+        depth = int(client.llen(queue))
+        after = _used_memory(client)
+        sample = client.lindex(queue, 0)
+        message_bytes = len(sample) if isinstance(sample, bytes) else 0
+        client.delete(queue)
+    return {
+        "messages": depth,
+        "records_per_message": batch_size,
+        "used_memory_before": before,
+        "used_memory_after": after,
+        "bytes_per_message": round((after - before) / depth, 1) if depth else 0.0,
+        "message_bytes": message_bytes,
+    }
