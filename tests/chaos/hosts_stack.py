@@ -1,6 +1,6 @@
 """The chaos stack spread over hosts in network namespaces: host `a` runs the intake and
 the active beat, hosts `b` and `c` a worker of every line, and `c` also a standby beat.
-Redis listens on the bridge's address; the journal (the machine's PostgreSQL, on
+Redis listens on the bridge's address; the journal (a PostgreSQL server that listens on
 127.0.0.1 only) and the refund line's downstream (the recorder) are reached there through
 a forwarder. The clients sign their requests: an intake that listens beyond loopback
 takes no unsigned ones."""
@@ -62,7 +62,7 @@ class HostsStack(ChaosStack):
         component.start()
         return component
 
-    def start(self, **settings: str) -> HostsStack:  # type: ignore[override]
+    def start(self, **settings: str) -> HostsStack:
         bridge = self.network.address
         self.redis.start()
         database = make_url(self.harness.env["PIPELINE_DATABASE_URL"])

@@ -33,7 +33,7 @@ VISIBILITY_S = 6
 TTL_S = 3
 # The schedule fires every TICK_S seconds, on the refund line: each fire is delivered.
 TICK_S = 2
-TOTAL = 1200
+TOTAL = 1500
 # Each of the 16 clients pauses this long after each answer: the load lasts through both
 # cuts (about 50 records a second, while the intake is reachable).
 PACE_S = 0.3
