@@ -44,9 +44,17 @@ REPLAN_AFTER_S = 5.0
 # stuck statement fails as a journal error (503) instead of holding its caller.
 PG_STATEMENT_TIMEOUT_MS = 15_000
 PG_LOCK_TIMEOUT_MS = 5_000
+# A session idle inside a transaction for longer than this is ended by the server, which
+# rolls it back. The journal's transactions run their statements back to back (nothing
+# waits on Redis or a downstream inside one), so only a client that vanished mid-way (its
+# host cut off, its process frozen) stays idle that long; without the limit its row locks
+# would stop every other host from taking its records over until the server's TCP
+# keepalive noticed (two hours by default), or forever behind a proxy that stays up.
+PG_IDLE_IN_TRANSACTION_TIMEOUT_MS = 10_000
 PG_DURABLE_OPTION = (
     f"-c synchronous_commit=on -c statement_timeout={PG_STATEMENT_TIMEOUT_MS} "
-    f"-c lock_timeout={PG_LOCK_TIMEOUT_MS}"
+    f"-c lock_timeout={PG_LOCK_TIMEOUT_MS} "
+    f"-c idle_in_transaction_session_timeout={PG_IDLE_IN_TRANSACTION_TIMEOUT_MS}"
 )
 # A connection whose peer vanished (a host gone, a network that drops everything) is given
 # up by TCP: an idle one after 5 + 3 x 2 s of unanswered keepalives, a busy one when data

@@ -16,8 +16,10 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
     with engine.begin() as conn:
         if conn.dialect.name == "postgresql":
             # An index built over a large journal may take longer than a journal session's
-            # statement timeout, and may wait for the locks of running components.
+            # statement timeout, and may wait for the locks of running components; a
+            # migration's own steps in Python between statements may take a while too.
             conn.execute(text("SET LOCAL statement_timeout = 0"))
             conn.execute(text("SET LOCAL lock_timeout = 0"))
+            conn.execute(text("SET LOCAL idle_in_transaction_session_timeout = 0"))
         config.attributes["connection"] = conn
         command.upgrade(config, revision)

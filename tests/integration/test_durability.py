@@ -54,6 +54,9 @@ def test_every_journal_connection_commits_durably(database_url):
                     # A stuck statement or lock wait fails, and a vanished peer is given up.
                     assert conn.execute(text("SHOW statement_timeout")).scalar_one() == "15s"
                     assert conn.execute(text("SHOW lock_timeout")).scalar_one() == "5s"
+                    # A session left idle in a transaction (its host cut off) is ended.
+                    idle = "SHOW idle_in_transaction_session_timeout"
+                    assert conn.execute(text(idle)).scalar_one() == "10s"
                     given = conn.connection.dbapi_connection.info.get_parameters()
                     assert (given["keepalives"], given["tcp_user_timeout"]) == ("1", "10000")
                 # Ends the transaction (on SQLite it holds the writers' turn) and keeps the
