@@ -103,8 +103,10 @@ def scratch_database(url: str, workdir: Any) -> Iterator[str]:
     else:
         name = f"pipeline_capacity_{uuid.uuid4().hex[:12]}"
         admin = create_engine(url, isolation_level="AUTOCOMMIT", poolclass=NullPool)
+        # A database's name cannot be a bound parameter: the dialect quotes it.
+        quoted = admin.dialect.identifier_preparer.quote_identifier(name)
         with admin.connect() as conn:
-            conn.execute(text(f'CREATE DATABASE "{name}"'))
+            conn.execute(text(" ".join(["CREATE DATABASE", quoted])))
         scratch = make_url(url).set(database=name).render_as_string(hide_password=False)
     engine = make_engine(scratch)
     try:
@@ -116,7 +118,7 @@ def scratch_database(url: str, workdir: Any) -> Iterator[str]:
     finally:
         if url != "sqlite":
             with admin.connect() as conn:
-                conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+                conn.execute(text(" ".join(["DROP DATABASE IF EXISTS", quoted, "WITH (FORCE)"])))
             admin.dispose()
 
 

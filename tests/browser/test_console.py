@@ -6,6 +6,7 @@ desktop and phone width, with trouble shown. Each saves its screenshots as artif
 from __future__ import annotations
 
 import pytest
+from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import Select
 
@@ -41,10 +42,22 @@ ADMIN = {"authorization": f"Bearer {TOKEN}"}
 RED = "rgb(198, 40, 40)"
 
 
-def click(driver, css: str) -> None:
-    element = driver.find_element(By.CSS_SELECTOR, css)
-    driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", element)
-    element.click()
+def click(driver, css: str, *, keyboard: bool = False) -> None:
+    """Click what `css` finds (`keyboard`: focus it and press Enter), found again when the
+    2 s refresh redrew it meanwhile."""
+    for _ in range(10):
+        try:
+            element = driver.find_element(By.CSS_SELECTOR, css)
+            driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", element)
+            if keyboard:
+                element.send_keys("\n")
+            else:
+                element.click()
+        except StaleElementReferenceException:
+            continue
+        else:
+            return
+    raise AssertionError(f"{css} was redrawn ten times in a row while clicked")
 
 
 def open_console(browser, client, *, size=DESKTOP) -> str:
@@ -306,8 +319,7 @@ def test_a_line_is_paused_and_resumed_from_the_console(harness, browser, artifac
     assert "needs the admin token" in text_of(browser, "#token-state")
     enter_token(browser, TOKEN)
     # Keyboard: focus the button and press Enter.
-    button = browser.find_element(By.CSS_SELECTOR, f'{card} button[data-action="pause"]')
-    button.send_keys("\n")
+    click(browser, f'{card} button[data-action="pause"]', keyboard=True)
     wait(browser, lambda d: "PAUSED" in text_of(d, card), "the paused badge")
     assert "by admin" in text_of(browser, card)
     assert client.get("/v1/lines").json()["lines"][2]["paused"] is True

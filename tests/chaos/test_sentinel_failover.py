@@ -120,7 +120,9 @@ def test_primary_killed_under_load_sentinel_promotes_and_nothing_is_lost(harness
         harness.configure(
             redis_url=cluster.url,
             lines__refund__handler="tests.support.handlers:logged_run",
-            lost_after_seconds="2",
+            # Longer than the promotion takes: the test sees what the failover lost before the
+            # lost-message check pushes it again.
+            lost_after_seconds="6",
             lost_check_interval_seconds="2",
             visibility_timeout_seconds="20",
             stuck_after_seconds="40",
