@@ -29,8 +29,14 @@ from pydantic_settings import (
 )
 from pydantic_settings.exceptions import SettingsError
 
+from app.credentials import (
+    SINGLE_TOKEN_ACTOR,
+    check_flower_credential,
+    check_intake_keys,
+    check_named_tokens,
+    check_single_token,
+)
 from app.database_url import check_database_url
-from app.dedup_keys import MIN_SECRET_BYTES, key_id_problem
 from app.errors import ConfigError
 from app.redis_url import check_redis_url
 from app.sink_settings import (
@@ -49,14 +55,6 @@ LINE_NAME = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
 BRPOP_TIMEOUT_S = 1
 # The intake's body size limit unless set: 1 MiB.
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024
-
-
-# An admin token's name is its actor in the audit log: letters, digits and `._@-`, so it
-# cannot pass for `cli:<user>` (a command-line user) or carry spaces or markup; `dev` is
-# the dev mode's actor and `admin` the single token's.
-ACTOR_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,63}$")
-RESERVED_ACTORS = ("dev",)
-SINGLE_TOKEN_ACTOR = "admin"  # noqa: S105 - an actor name, not a secret
 
 
 class Overflow(StrEnum):
@@ -286,22 +284,13 @@ class Settings(BaseSettings):
     def _unambiguous_keys_and_long_secrets(
         cls, value: dict[str, SecretStr]
     ) -> dict[str, SecretStr]:
-        # Named by key id, never by secret (the message is printed).
-        for key_id, secret in value.items():
-            problem = key_id_problem(key_id)
-            if problem is not None:
-                raise ValueError(f"key id {key_id!r} {problem}")
-            if len(secret.get_secret_value().encode()) < MIN_SECRET_BYTES:
-                raise ValueError(
-                    f"the secret of key id {key_id!r} is shorter than {MIN_SECRET_BYTES} bytes"
-                )
+        check_intake_keys(value)
         return value
 
     @field_validator("admin_token")
     @classmethod
     def _long_token(cls, value: SecretStr | None) -> SecretStr | None:
-        if value is not None and len(value.get_secret_value().encode()) < MIN_SECRET_BYTES:
-            raise ValueError(f"the token is shorter than {MIN_SECRET_BYTES} bytes")
+        check_single_token(value)
         return value
 
     @field_validator("admin_tokens")
@@ -309,30 +298,7 @@ class Settings(BaseSettings):
     def _named_tokens(
         cls, value: dict[str, SecretStr], info: ValidationInfo
     ) -> dict[str, SecretStr]:
-        # Named by their name, never by token (the message is printed).
-        single = info.data.get("admin_token")
-        by_token: dict[str, str] = {}
-        if single is not None:
-            by_token[single.get_secret_value()] = SINGLE_TOKEN_ACTOR
-        for name, token in value.items():
-            if not ACTOR_NAME.match(name) or name in RESERVED_ACTORS:
-                raise ValueError(
-                    f"admin token name {name!r} must be 1 to 64 letters, digits or '._@-', "
-                    f"starting with a letter or digit, and not {', '.join(RESERVED_ACTORS)}"
-                )
-            if name == SINGLE_TOKEN_ACTOR and single is not None:
-                raise ValueError(
-                    f"{name!r} is the actor of PIPELINE_ADMIN_TOKEN: name this token otherwise"
-                )
-            secret = token.get_secret_value()
-            if len(secret.encode()) < MIN_SECRET_BYTES:
-                raise ValueError(f"the token of {name!r} is shorter than {MIN_SECRET_BYTES} bytes")
-            if secret in by_token:
-                raise ValueError(
-                    f"{by_token[secret]!r} and {name!r} have the same token: "
-                    "which of them acted could not be told"
-                )
-            by_token[secret] = name
+        check_named_tokens(value, single=info.data.get("admin_token"))
         return value
 
     @property
@@ -346,14 +312,7 @@ class Settings(BaseSettings):
     @field_validator("flower_basic_auth")
     @classmethod
     def _user_and_password(cls, value: SecretStr | None) -> SecretStr | None:
-        if value is not None:
-            user, sep, password = value.get_secret_value().partition(":")
-            if not (user and sep and password) or any(c.isspace() for c in user + password):
-                raise ValueError("must be user:password (no spaces)")
-            # Flower splits its credential on commas into several, each let in alone: with
-            # `admin:abc,def`, `admin:abc` and a bare `def`.
-            if "," in user + password:
-                raise ValueError("must not contain ',' (Flower would split it in several)")
+        check_flower_credential(value)
         return value
 
     @model_validator(mode="after")
