@@ -10,7 +10,8 @@ from typing import Any
 from pydantic import BaseModel
 
 from app.errors import ConfigError, UnknownLine
-from app.settings import ENV_PREFIX, LineSettings, Settings
+from app.line_settings import LineSettings
+from app.settings import ENV_PREFIX, Settings
 from app.sink_settings import Sink, SinkKind
 
 Handler = Callable[[Any], None]
@@ -55,11 +56,19 @@ class Line:
     def batch_size(self) -> int:
         """Records a queue message may carry: the line's `batch_size`, else
         `TABLE_SINK_BATCH` on the table sink (a batch is claimed, written and marked done
-        one statement each) and one where a handler or an HTTP sink runs each record in
-        turn, so that a message's run stays within the visibility timeout."""
+        one statement each), `delivery_threads` on the HTTP sink (its records are
+        delivered concurrently, each with its own attempt), and one where a handler runs
+        each record in turn, so that a message's run stays within the visibility timeout."""
         if self.settings.batch_size is not None:
             return self.settings.batch_size
-        return TABLE_SINK_BATCH if self.table_sink else 1
+        if self.table_sink:
+            return TABLE_SINK_BATCH
+        return self.settings.delivery_threads if self.http_sink else 1
+
+    @property
+    def http_sink(self) -> bool:
+        """Whether its records go to the built-in HTTP sink."""
+        return self.sink.kind is SinkKind.HTTP
 
 
 def import_object(path: str) -> Any:

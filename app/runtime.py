@@ -14,11 +14,14 @@ from sqlalchemy import Engine
 
 from app.clock import utcnow
 from app.delivery.accept import Acceptor
+from app.delivery.circuit import Circuits
+from app.delivery.concurrent import ConcurrentDeliveries
+from app.delivery.limits import DeliveryLimits
 from app.delivery.paused import PausedLines
 from app.delivery.pausing import LinePauser
 from app.delivery.push import Pusher
 from app.delivery.runner import AttemptRunner
-from app.delivery.sinks import make_http_client
+from app.delivery.sinks import HTTP_LIMITS, make_http_client
 from app.delivery.traced_http import TracedTransport
 from app.journal.engine import make_engine
 from app.journal.journal import Journal
@@ -53,6 +56,8 @@ class Runtime:
     telemetry: Telemetry
     acceptor: Acceptor
     runner: AttemptRunner
+    circuits: Circuits
+    deliveries: ConcurrentDeliveries
     sweeper: Sweeper
     lost: LostMessages
     retention: Retention
@@ -82,14 +87,24 @@ class Runtime:
         journal = Journal(engine)
         pusher = Pusher(client, tracing=tracing)
         http = make_http_client(
-            TracedTransport(httpx.HTTPTransport(), tracing=tracing) if tracing.enabled else None
+            TracedTransport(httpx.HTTPTransport(limits=HTTP_LIMITS), tracing=tracing)
+            if tracing.enabled
+            else None
         )
         alerts = Alerter(settings, clock=utcnow, telemetry=telemetry)
         paused = PausedLines(journal)
         acceptor = Acceptor(
             journal=journal, pusher=pusher, alerts=alerts, lines=lines, paused=paused
         )
-        view = LineView(journal=journal, queues=pusher, redis=client, lines=lines, paused=paused)
+        circuits = Circuits(client)
+        view = LineView(
+            journal=journal,
+            queues=pusher,
+            redis=client,
+            lines=lines,
+            paused=paused,
+            circuits=circuits,
+        )
         return cls(
             settings=settings,
             lines=lines,
@@ -107,6 +122,17 @@ class Runtime:
                 http=http,
                 telemetry=telemetry,
                 alerts=alerts,
+                lease_s=settings.lease_seconds,
+            ),
+            circuits=circuits,
+            deliveries=ConcurrentDeliveries(
+                journal=journal,
+                http=http,
+                telemetry=telemetry,
+                alerts=alerts,
+                limits=DeliveryLimits(client),
+                circuits=circuits,
+                tracing=tracing,
                 lease_s=settings.lease_seconds,
             ),
             sweeper=Sweeper(
@@ -153,6 +179,7 @@ class Runtime:
         )
 
     def close(self) -> None:
+        self.deliveries.close()
         self.alerts.close()
         self.telemetry.close()
         self.http.close()

@@ -38,15 +38,8 @@ from app.credentials import (
 )
 from app.database_url import check_database_url
 from app.errors import ConfigError
+from app.line_settings import LineSettings
 from app.redis_url import check_redis_url
-from app.sink_settings import (
-    CHECK_URL_ID,
-    DEFAULT_SINK_TABLE,
-    SUCCESS_CLASS,
-    DeliveredStatuses,
-    Sink,
-    SinkKind,
-)
 
 ENV_PREFIX = "PIPELINE_"
 LINE_NAME = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
@@ -55,96 +48,6 @@ LINE_NAME = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
 BRPOP_TIMEOUT_S = 1
 # The intake's body size limit unless set: 1 MiB.
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024
-
-
-class Overflow(StrEnum):
-    """What admission does when a line's queue is full."""
-
-    DEFER = "defer"
-    CALLER_RUNS = "caller_runs"
-    REJECT = "reject"
-
-
-class LineSettings(BaseModel):
-    """One business line's settings."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    max_queue_length: int = Field(default=10_000, ge=1)
-    # Records per queue message, for records pushed together (concurrent requests, a
-    # sweep, a replay page). The bound counts messages. Unset: `Line.batch_size` decides.
-    batch_size: int | None = Field(default=None, ge=1, le=1000)
-    overflow: Overflow = Overflow.DEFER
-    # Requests per second each intake process admits for the line; over it, a request
-    # waits its turn (app.intake.pacing). Unset: no limit but the intake's own.
-    intake_rate: float | None = Field(default=None, gt=0, le=1_000_000)
-    concurrency: int = Field(default=4, ge=1, le=256)
-    max_attempts: int = Field(default=8, ge=1)
-    backoff_initial_s: float = Field(default=2.0, gt=0)
-    backoff_max_s: float = Field(default=600.0, gt=0)
-    downstream_url: str | None = Field(default=None, pattern=r"^https?://\S+$")
-    # The HTTP sink's answers that count as delivered; any other is a failed attempt. Not
-    # 409 by default: some downstreams answer it for a key whose first request they are
-    # still processing, and that processing may still fail.
-    delivered_statuses: str = SUCCESS_CLASS
-    # A downstream that has not answered within this is a failed attempt, retried later.
-    delivery_timeout_s: float = Field(default=10.0, gt=0)
-    # Replay asks it whether downstream has a record, named by `{id}` (the Idempotency-Key
-    # the HTTP sink sends): 200 yes, 404 no. Not by business number alone: a second record
-    # of one business number is not the first.
-    check_url: str | None = Field(default=None, pattern=r"^https?://\S+$")
-    handler: str | None = None
-    # `http`, `handler` or `table:<name>`. Unset: the handler when one is set, else the HTTP
-    # sink when `downstream_url` is set, else the table sink into `sink_rows`.
-    sink: str | None = None
-    payload_schema: str = "app.payloads:Payload"
-
-    @field_validator("check_url")
-    @classmethod
-    def _check_url_names_the_record(cls, value: str | None) -> str | None:
-        if value is not None and CHECK_URL_ID not in value:
-            raise ValueError(
-                f"must name the record by {CHECK_URL_ID} (the record id), e.g. "
-                f"http://host/records/{CHECK_URL_ID}; {{business_no}} may appear as well"
-            )
-        return value
-
-    @field_validator("delivered_statuses")
-    @classmethod
-    def _delivered_statuses(cls, value: str) -> str:
-        return str(DeliveredStatuses.parse(value))
-
-    @property
-    def delivered(self) -> DeliveredStatuses:
-        """`delivered_statuses`, parsed."""
-        return DeliveredStatuses.parse(self.delivered_statuses)
-
-    @field_validator("sink")
-    @classmethod
-    def _sink(cls, value: str | None) -> str | None:
-        return None if value is None else str(Sink.parse(value))
-
-    @model_validator(mode="after")
-    def _sink_has_what_it_needs(self) -> LineSettings:
-        kind = self.resolved_sink.kind
-        if kind is SinkKind.HTTP and not self.downstream_url:
-            raise ValueError("sink http needs downstream_url")
-        if kind is SinkKind.HANDLER and not self.handler:
-            raise ValueError("sink handler needs handler (a dotted path)")
-        if kind is not SinkKind.HANDLER and self.handler:
-            raise ValueError(f"handler is set but sink is {self.sink}")
-        return self
-
-    @property
-    def resolved_sink(self) -> Sink:
-        """The sink the line uses: `sink`, or the one its other settings imply."""
-        if self.sink is not None:
-            return Sink.parse(self.sink)
-        if self.handler:
-            return Sink(kind=SinkKind.HANDLER)
-        if self.downstream_url:
-            return Sink(kind=SinkKind.HTTP)
-        return Sink(kind=SinkKind.TABLE, table=DEFAULT_SINK_TABLE)
 
 
 class WebhookKind(StrEnum):

@@ -8,7 +8,8 @@ import difflib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from app.settings import DEFAULT_LINES, ENV_PREFIX, LINE_NAME, LineSettings, Settings
+from app.line_settings import LineSettings
+from app.settings import DEFAULT_LINES, ENV_PREFIX, LINE_NAME, Settings
 
 NESTED = "__"
 # `PIPELINE_` variables that are not settings: the TOML file's name, and the mark a command

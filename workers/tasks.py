@@ -18,13 +18,14 @@ from celery.signals import worker_process_shutdown
 
 from app.celery_app import pipeline_settings
 from app.clock import utcnow
+from app.delivery.concurrent import attempt_span, describe_attempt
 from app.delivery.outcomes import AttemptResult
 from app.delivery.paused import hold_back
 from app.delivery.push import TASK_NAME, TRACEPARENTS_HEADER
 from app.errors import JournalUnavailable
 from app.lines import Line
 from app.logs import get_logger
-from app.observe.tracing import Span, SpanKind, trace_id_of
+from app.observe.tracing import SpanKind, trace_id_of
 from app.runtime import Runtime
 from workers import (
     heartbeat,  # noqa: F401 - connects the heartbeat to the worker's signals
@@ -107,6 +108,9 @@ def process(self: Task[Any, Any], record_ids: str | list[str]) -> str | list[str
             found = [AttemptResult(record_id=record_id) for record_id in ids]
         elif len(ids) > 1 and line is not None and line.table_sink:
             found = _attempt_batch(rt, ids, parents, line)
+        elif line is not None and line.http_sink:
+            # Delivered concurrently, each record with its own lease, attempt and outcome.
+            found = rt.deliveries.run(ids, line=line, parents=parents, clock=utcnow, rng=_rng)
         else:
             found = [_attempt(rt, record_id, parents.get(record_id), line) for record_id in ids]
     except JournalUnavailable as exc:
@@ -132,37 +136,15 @@ def _traceparents(header: object) -> dict[str, str]:
     }
 
 
-def _attempt_naming(record_id: str, line: Line | None) -> tuple[str, dict[str, str]]:
-    """The name and attributes of an attempt span."""
-    queue = line.queue if line is not None else "unknown"
-    return f"attempt {queue}", {
-        "messaging.system": "redis",
-        "messaging.operation.type": "process",
-        "messaging.destination.name": queue,
-        "pipeline.record_id": record_id,
-    }
-
-
-def _describe(span: Span, result: AttemptResult) -> None:
-    """What the attempt came to, on its span."""
-    if result.record is not None:
-        span.set_attribute("pipeline.attempt", result.record.attempts)
-        span.set_attribute("pipeline.business_no", result.record.business_no)
-    if result.outcome is not None:
-        span.set_attribute("pipeline.outcome", result.outcome.value)
-    if result.failed:
-        span.fail(result.error or "the attempt failed")
-
-
 def _attempt(rt: Runtime, record_id: str, parent: str | None, line: Line | None) -> AttemptResult:
     """One attempt of `record_id` within its attempt span, a child of the push span its
     message named (`parent`), current meanwhile: the sink's outbound call is its child."""
-    name, attributes = _attempt_naming(record_id, line)
+    name, attributes = attempt_span(record_id, line)
     with rt.tracing.span(
         name, kind=SpanKind.CONSUMER, parent=parent, attributes=attributes
     ) as span:
         result = rt.runner.attempt(record_id, clock=utcnow, rng=_rng, line=line)
-        _describe(span, result)
+        describe_attempt(span, result)
     return result
 
 
@@ -173,7 +155,7 @@ def _attempt_batch(
     its attempt span."""
     spans = []
     for record_id in ids:
-        name, attributes = _attempt_naming(record_id, line)
+        name, attributes = attempt_span(record_id, line)
         spans.append(
             rt.tracing.start(
                 name, kind=SpanKind.CONSUMER, parent=parents.get(record_id), attributes=attributes
@@ -182,7 +164,7 @@ def _attempt_batch(
     try:
         found = rt.runner.attempt_batch(ids, clock=utcnow, rng=_rng)
         for span, result in zip(spans, found, strict=True):
-            _describe(span, result)
+            describe_attempt(span, result)
     except Exception as exc:
         for span in spans:
             span.fail(f"{type(exc).__name__}: {exc}")

@@ -17,11 +17,11 @@ from app.journal.journal import Journal
 from app.journal.models import Record, RecordStatus
 from app.journal.store import NewRecord
 from app.journal.transitions import Event as TransitionEvent
+from app.line_settings import Overflow
 from app.lines import Line, LineRegistry
 from app.logs import get_logger
 from app.observe.alerts import Alerter
 from app.observe.events import Event
-from app.settings import Overflow
 
 log = get_logger(__name__)
 

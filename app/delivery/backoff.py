@@ -6,7 +6,7 @@ import random
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from app.settings import LineSettings
+from app.line_settings import LineSettings
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -37,6 +37,11 @@ TABLES: dict[str, Table] = {
 HTTP_TIMEOUT_S = 10.0
 
 
+# The HTTP sink's client's pool: kept-alive connections for the most deliveries a line
+# may keep in flight in one process (`delivery_threads`).
+HTTP_LIMITS = httpx.Limits(max_connections=None, max_keepalive_connections=256)
+
+
 # Built once per (dialect, table): the worker runs them for every record.
 _UPSERTS: dict[tuple[str, str], Any] = {}
 
@@ -156,9 +161,15 @@ def redact_url(url: str) -> str:
 
 
 def make_http_client(transport: httpx.BaseTransport | None = None) -> httpx.Client:
-    """The HTTP sink's client: pooled, bounded timeouts, no redirects followed; over
-    `transport` when given (`app.delivery.traced_http`)."""
-    return httpx.Client(timeout=HTTP_TIMEOUT_S, follow_redirects=False, transport=transport)
+    """The HTTP sink's client, one per process, shared by its delivery threads: pooled
+    with keep-alive (as many kept-alive connections as a line may have deliveries in
+    flight in one process), bounded timeouts, no redirects followed; over `transport`
+    when given (`app.delivery.traced_http`)."""
+    return httpx.Client(
+        timeout=HTTP_TIMEOUT_S,
+        follow_redirects=False,
+        transport=transport or httpx.HTTPTransport(limits=HTTP_LIMITS),
+    )
 
 
 def stored_rows(

@@ -64,6 +64,8 @@ def line_status_view(row: LineStatus) -> dict[str, object]:
         "oldest_unfinished_age_s": row.oldest_unfinished_age_s,
         "paused": row.paused,
         "pause": None if row.pause is None else row.pause.public(),
+        # An HTTP-sink line's circuit breaker; None for another sink or with Redis down.
+        "circuit": None if row.circuit is None else row.circuit.public(),
     }
 
 

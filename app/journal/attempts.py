@@ -19,7 +19,7 @@ from sqlalchemy import Connection, bindparam, select, update
 from app.journal.dbclock import db_time, db_time_at
 from app.journal.guards import NOW, guard, lease_free, lease_held
 from app.journal.models import Record, RecordStatus, records
-from app.journal.store import among, unindexed_status
+from app.journal.store import among, unindexed_status, update_by_id
 from app.journal.transitions import TRANSITIONS, Event
 
 
@@ -191,6 +191,48 @@ def mark_failed(
         {"token": record.attempts, "owner": owner, "now": now},
     )
     return result.rowcount == 1
+
+
+def give_back(
+    conn: Connection,
+    record: Record,
+    *,
+    owner: str,
+    error: str,
+    retry_at: datetime,
+    now: datetime,
+) -> bool:
+    """The attempt `record` was claimed for does not count toward its line's
+    `max_attempts` (the line's circuit is open: the downstream is down, not the record):
+    `failed`, due again at `retry_at`, with its attempt number given back. False, and
+    nothing changed, when that attempt no longer holds the lease."""
+    values = _outcome_values(RecordStatus.FAILED) | {
+        "last_error": error[:2000],
+        "next_attempt_at": db_time_at(now, (retry_at - now).total_seconds()),
+        "attempts": records.c.attempts - 1,
+    }
+    result = conn.execute(
+        update(records)
+        .where(records.c.id == record.id, *guard(Event.GIVEN_BACK), *lease_held())
+        .values(**values),
+        {"token": record.attempts, "owner": owner, "now": now},
+    )
+    return result.rowcount == 1
+
+
+def postpone(
+    conn: Connection, record_ids: Sequence[str], *, reason: str, retry_at: datetime, now: datetime
+) -> int:
+    """No attempt of `record_ids` starts now (their line's circuit is open): each that is
+    runnable and not in flight waits as `failed`, due again at `retry_at`, without an
+    attempt spent. Returns how many were moved."""
+    values = {
+        "status": RecordStatus.FAILED.value,
+        "last_error": reason[:2000],
+        "next_attempt_at": db_time_at(now, (retry_at - now).total_seconds()),
+        "updated_at": now,
+    }
+    return update_by_id(conn, record_ids, Event.POSTPONED, values, now=now)
 
 
 def why_not_claimed(conn: Connection, record_id: str, *, now: datetime) -> str:

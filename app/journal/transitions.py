@@ -34,6 +34,8 @@ class Event(StrEnum):
     SUCCEEDED = "succeeded"  # the lease holder delivered it
     RETRY = "retry"  # the lease holder's attempt failed; another is due later
     DIED = "died"  # the lease holder's attempt failed and none is left
+    GIVEN_BACK = "given_back"  # the lease holder's attempt does not count (circuit open)
+    POSTPONED = "postponed"  # no attempt starts (circuit open, or no room under limits)
     RETRIED = "retried"  # an operator puts a failed, dead or rejected record back on its queue
     CANCELLED = "cancelled"  # an operator cancels a record that has not finished
 
@@ -80,6 +82,8 @@ TRANSITIONS: dict[Event, Transition] = {
     Event.SUCCEEDED: Transition(sources=RUNNABLE, to=S.DONE, lease=Lease.HELD),
     Event.RETRY: Transition(sources=RUNNABLE, to=S.FAILED, lease=Lease.HELD),
     Event.DIED: Transition(sources=RUNNABLE, to=S.DEAD, lease=Lease.HELD),
+    Event.GIVEN_BACK: Transition(sources=RUNNABLE, to=S.FAILED, lease=Lease.HELD),
+    Event.POSTPONED: Transition(sources=RUNNABLE, to=S.FAILED, lease=Lease.FREE),
     Event.RETRIED: Transition(sources=RETRYABLE, to=S.ENQUEUED, lease=Lease.FREE),
     # Anything but delivered: a dead or rejected record too (the operator gives up on it).
     Event.CANCELLED: Transition(

@@ -23,6 +23,7 @@ class Event(StrEnum):
     RECOVERED = "RECOVERED"
     REPLAY_FINISHED = "REPLAY_FINISHED"
     WORKER_STALLED = "WORKER_STALLED"
+    DOWNSTREAM_DOWN = "DOWNSTREAM_DOWN"
 
 
 @dataclass(frozen=True, kw_only=True)

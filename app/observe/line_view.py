@@ -14,6 +14,7 @@ from typing import Protocol
 
 import redis
 
+from app.delivery.circuit import CircuitState
 from app.errors import BrokerUnavailable
 from app.journal import store
 from app.journal.journal import Journal
@@ -31,6 +32,14 @@ class QueueDepths(Protocol):
     """How many messages wait on a queue (the bounded push knows: `Pusher`)."""
 
     def depth(self, queue: str) -> int:
+        """Raises `BrokerUnavailable`."""
+        ...
+
+
+class CircuitView(Protocol):
+    """The lines' circuits (`app.delivery.circuit.Circuits`)."""
+
+    def state(self, line: str) -> CircuitState:
         """Raises `BrokerUnavailable`."""
         ...
 
@@ -57,6 +66,9 @@ class LineStatus:
     # Workers whose heartbeat lives but whose consumer takes nothing (not live); None when
     # Redis does not answer.
     stalled_workers: int | None = None
+    # The circuit of an HTTP-sink line (open: its downstream fails most deliveries); None
+    # for another sink, or when Redis does not answer.
+    circuit: CircuitState | None = None
 
     @property
     def paused(self) -> bool:
@@ -78,6 +90,7 @@ class QueueView:
     depth: int
     live_workers: int
     stalled_workers: int = 0
+    circuit: CircuitState | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -91,6 +104,7 @@ class LineView:
     lines: LineRegistry
     # The paused lines (`app.delivery.paused.PausedLines`, read at most once a second).
     paused: PausedView | None = None
+    circuits: CircuitView | None = None
     # Seconds, for the age of the journal's view (a clock the tests may move).
     clock: Callable[[], float] = time.monotonic
     journal_lifetime_s: float = JOURNAL_VIEW_LIFETIME_S
@@ -126,10 +140,14 @@ class LineView:
         for line in self.lines:
             beats = worker_beats(self.redis, line.name)
             stalled = sum(1 for beat in beats if beat.stalled)
+            circuit = None
+            if self.circuits is not None and line.http_sink:
+                circuit = self.circuits.state(line.name)
             views[line.name] = QueueView(
                 depth=self.queues.depth(line.queue),
                 live_workers=len(beats) - stalled,
                 stalled_workers=stalled,
+                circuit=circuit,
             )
         return views
 
@@ -155,6 +173,7 @@ class LineView:
                     overflow=line.settings.overflow.value,
                     live_workers=queue.live_workers if queue else None,
                     stalled_workers=queue.stalled_workers if queue else None,
+                    circuit=queue.circuit if queue else None,
                     counts=journal.counts.get(line.name, {}),
                     oldest_unfinished_age_s=(now - started).total_seconds() if started else None,
                     pause=paused.get(line.name),

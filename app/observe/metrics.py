@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from app.delivery.circuit import State
 from app.errors import BrokerUnavailable, JournalUnavailable
 from app.journal.models import RecordStatus
 from app.lines import LineRegistry
@@ -72,11 +73,19 @@ def _queue_families(lines: LineRegistry, queues: dict[str, QueueView]) -> list[M
     live = GaugeMetricFamily(
         "pipeline_live_workers", "Workers whose heartbeat for the line is live.", labels=["line"]
     )
+    circuit = GaugeMetricFamily(
+        "pipeline_circuit_open",
+        "1 while the line's circuit is open: its downstream fails most deliveries, one probe "
+        "goes at a time and records wait without spending attempts (HTTP-sink lines).",
+        labels=["line"],
+    )
     for line in lines:
         view = queues[line.name]
         depth.add_metric([line.name], view.depth)
         live.add_metric([line.name], view.live_workers)
-    return [depth, live]
+        if view.circuit is not None:
+            circuit.add_metric([line.name], 1 if view.circuit.state is State.OPEN else 0)
+    return [depth, live, circuit]
 
 
 def _journal_families(lines: LineRegistry, journal: JournalView, *, now: datetime) -> list[Metric]:

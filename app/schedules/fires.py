@@ -14,10 +14,10 @@ from app.ids import digest, new_id
 from app.journal.journal import Journal
 from app.journal.models import Source
 from app.journal.store import NewRecord
+from app.line_settings import Overflow
 from app.logs import get_logger
 from app.schedules.cron import next_fire, plan
 from app.schedules.store import Schedule, fire_payload, list_all, record_fired
-from app.settings import Overflow
 
 log = get_logger(__name__)
 

@@ -22,8 +22,9 @@ from celery.bin.celery import celery as celery_cli
 from celery.worker.control import Panel
 
 from app.cli import cli
+from app.line_settings import LineSettings
 from app.lines import LineRegistry
-from app.settings import DEFAULT_LINES, ENV_PREFIX, LineSettings, Settings, load_settings
+from app.settings import DEFAULT_LINES, ENV_PREFIX, Settings, load_settings
 
 COMPOSE_FILE = Path(__file__).resolve().parents[2] / "compose.yaml"
 

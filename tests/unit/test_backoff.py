@@ -4,7 +4,7 @@ import random
 from datetime import UTC, datetime, timedelta
 
 from app.delivery.backoff import backoff_s, decide
-from app.settings import LineSettings
+from app.line_settings import LineSettings
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 

@@ -11,10 +11,10 @@ import pytest
 from app.delivery.accept import decide_overflow
 from app.journal.models import RecordStatus
 from app.journal.transitions import Event as Transition
+from app.line_settings import Overflow
 from app.observe.events import Event
 from app.observe.line_view import LineStatus
 from app.observe.monitor import check_line
-from app.settings import Overflow
 from beat.maintenance import Job, Maintenance, MaintenanceThread, MaintenanceThreads, due
 from beat.scheduler import until_next_tick
 

@@ -5,8 +5,9 @@ import json
 import pytest
 
 from app.errors import ConfigError
+from app.line_settings import Overflow
 from app.lines import TABLE_SINK_BATCH, LineRegistry
-from app.settings import Overflow, load_settings
+from app.settings import load_settings
 
 
 def test_defaults_declare_the_three_lines():
@@ -37,8 +38,10 @@ def test_line_variables_override_one_setting_and_keep_the_rest(monkeypatch):
     assert LineRegistry.from_settings(settings).names() == ["order", "refund", "status", "shipment"]
 
 
-def test_batch_size_defaults_to_a_batch_on_the_table_sink_and_one_elsewhere(monkeypatch):
+def test_batch_size_defaults_to_a_batch_on_the_table_sink_and_the_http_sink(monkeypatch):
     monkeypatch.setenv("PIPELINE_LINES__REFUND__DOWNSTREAM_URL", "http://127.0.0.1:9/in")
+    monkeypatch.setenv("PIPELINE_LINES__WIDE__DOWNSTREAM_URL", "http://127.0.0.1:9/in")
+    monkeypatch.setenv("PIPELINE_LINES__WIDE__DELIVERY_THREADS", "40")
     monkeypatch.setenv("PIPELINE_LINES__STATUS__BATCH_SIZE", "1")
     monkeypatch.setenv("PIPELINE_LINES__HELD__HANDLER", "tests.support.handlers:slow")
     monkeypatch.setenv("PIPELINE_LINES__BULK__DOWNSTREAM_URL", "http://127.0.0.1:9/in")
@@ -46,7 +49,9 @@ def test_batch_size_defaults_to_a_batch_on_the_table_sink_and_one_elsewhere(monk
     lines = LineRegistry.from_settings(load_settings())
     assert {line.name: line.batch_size for line in lines} == {
         "order": TABLE_SINK_BATCH,
-        "refund": 1,
+        # The HTTP sink delivers a message's records concurrently: as many as its threads.
+        "refund": 16,
+        "wide": 40,
         "status": 1,
         "held": 1,
         "bulk": 4,

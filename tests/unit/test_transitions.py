@@ -29,6 +29,8 @@ EXPECTED: dict[Event, dict[S, S]] = {
     Event.ATTEMPT: {S.RECEIVED: S.RECEIVED, S.ENQUEUED: S.ENQUEUED, S.DEFERRED: S.DEFERRED},
     Event.SUCCEEDED: dict.fromkeys((S.RECEIVED, S.ENQUEUED, S.DEFERRED), S.DONE),
     Event.RETRY: dict.fromkeys((S.RECEIVED, S.ENQUEUED, S.DEFERRED), S.FAILED),
+    Event.GIVEN_BACK: dict.fromkeys((S.RECEIVED, S.ENQUEUED, S.DEFERRED), S.FAILED),
+    Event.POSTPONED: dict.fromkeys((S.RECEIVED, S.ENQUEUED, S.DEFERRED), S.FAILED),
     Event.DIED: dict.fromkeys((S.RECEIVED, S.ENQUEUED, S.DEFERRED), S.DEAD),
     # An operator's actions: a retry takes what no attempt will run again (or not yet), a
     # cancel anything not delivered.
@@ -50,6 +52,8 @@ LEASES = {
     Event.ATTEMPT: Lease.FREE,
     Event.SUCCEEDED: Lease.HELD,
     Event.RETRY: Lease.HELD,
+    Event.GIVEN_BACK: Lease.HELD,
+    Event.POSTPONED: Lease.FREE,
     Event.DIED: Lease.HELD,
     Event.RETRIED: Lease.FREE,
     Event.CANCELLED: Lease.FREE,
@@ -86,7 +90,7 @@ def test_a_cancelled_record_is_never_run_swept_retried_or_cancelled_again() -> N
 
 
 def test_only_the_lease_holder_records_an_outcome() -> None:
-    outcomes = {Event.SUCCEEDED, Event.RETRY, Event.DIED}
+    outcomes = {Event.SUCCEEDED, Event.RETRY, Event.DIED, Event.GIVEN_BACK}
     assert {e for e, rule in TRANSITIONS.items() if rule.lease is Lease.HELD} == outcomes
 
 

@@ -98,6 +98,16 @@ async function pauseOrResume(line, pause) {
   }
 }
 
+function circuitNote(line) {
+  // Only an HTTP-sink line has a circuit; open is trouble (its downstream is failing).
+  if (!line.circuit) return [];
+  const open = line.circuit.state === "open";
+  const text = open
+    ? `open since ${utc(line.circuit.opened_at)}, next probe ${utc(line.circuit.next_probe_at)}`
+    : "closed";
+  return [el("dt", {}, "circuit"), el("dd", {class: open ? "nobody circuit-open" : "circuit"}, text)];
+}
+
 function lineCard(line) {
   const known = line.queue_depth !== null;
   const pct = known ? Math.min(100, 100 * line.queue_depth / line.max_queue_length) : 0;
@@ -120,7 +130,8 @@ function lineCard(line) {
       el("dt", {}, "live workers"), el("dd", {class: line.live_workers === 0 ? "nobody live" : "live"}, live),
       el("dt", {}, "stalled workers"), el("dd", {class: line.stalled_workers > 0 ? "nobody stalled" : "stalled"}, stalled),
       el("dt", {}, "oldest unfinished"), el("dd", {class: "oldest"}, age(line.oldest_unfinished_age_s)),
-      el("dt", {}, "paused"), pausedNote),
+      el("dt", {}, "paused"), pausedNote,
+      ...circuitNote(line)),
     countsList(line),
     chart(line.line),
     el("div", {class: "actions"}, button));
