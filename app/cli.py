@@ -130,8 +130,20 @@ def intake(
 @cli.command()
 def worker(
     line: Annotated[str, typer.Argument(help="The business line whose queue to consume.")],
-    concurrency: Annotated[int | None, typer.Option(help="Overrides the line's setting.")] = None,
-    pool: Annotated[str, typer.Option(help="Celery pool: prefork, solo or threads.")] = "prefork",
+    concurrency: Annotated[
+        int | None,
+        typer.Option(
+            help="Overrides the line's setting (`delivery_threads` on an HTTP-sink line's "
+            "thread pool, else `concurrency`)."
+        ),
+    ] = None,
+    pool: Annotated[
+        str | None,
+        typer.Option(
+            help="Celery pool: prefork, solo or threads. Default: threads on an HTTP-sink "
+            "line (its deliveries wait on the downstream), else prefork."
+        ),
+    ] = None,
     quiet: Annotated[bool, typer.Option(help="Without Celery's start-up banner.")] = False,
 ) -> None:
     """Run the Celery worker of one line; exits with the worker's exit code."""
@@ -145,6 +157,12 @@ def worker(
     spec = LineRegistry.from_settings(settings).get(line)
     refuse_unsafe_journal(settings.database_url)
     celery = create_celery(settings)
+    pool = pool or ("threads" if spec.http_sink else "prefork")
+    if concurrency is None:
+        http_threads = pool == "threads" and spec.http_sink
+        concurrency = spec.settings.delivery_threads if http_threads else spec.settings.concurrency
+    # Read by the worker's runtime (its journal pool's size), not by Celery.
+    celery.conf.update(worker_pool=pool, worker_concurrency=concurrency)
     # Celery's `worker_main` returns nothing: its exit code is the worker's to read, and a
     # supervisor reads ours.
     workers: list[Any] = []
@@ -156,7 +174,7 @@ def worker(
             "--queues",
             spec.queue,
             "--concurrency",
-            str(concurrency or spec.settings.concurrency),
+            str(concurrency),
             "--pool",
             pool,
             "--hostname",

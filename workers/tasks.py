@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import os
 import random
+import threading
 import time
 from collections.abc import Mapping
 from typing import Any
 
 from celery import Task, shared_task
 from celery.exceptions import Reject
-from celery.signals import worker_process_shutdown
+from celery.signals import worker_process_shutdown, worker_shutdown
 
 from app.celery_app import pipeline_settings
 from app.clock import utcnow
@@ -37,6 +38,10 @@ log = get_logger(__name__)
 JOURNAL_RETRY_PAUSE_S = 1.0
 
 _runtime: tuple[int, Runtime] | None = None
+# Threads of a thread pool may ask for the runtime at once: one builds it.
+_runtime_lock = threading.Lock()
+# The most journal connections a thread pool's process keeps (and as many more at a peak).
+MAX_JOURNAL_POOL = 8
 _rng = random.Random()  # noqa: S311 - backoff jitter, not cryptography
 
 
@@ -45,17 +50,34 @@ def runtime_for(task: Task[Any, Any]) -> Runtime:
     not cross a fork)."""
     global _runtime  # noqa: PLW0603 - one runtime per worker process
     if _runtime is None or _runtime[0] != os.getpid():
-        # A pool process runs one task at a time: a small pool is enough.
-        _runtime = (
-            os.getpid(),
-            Runtime.build(pipeline_settings(task.app), db_pool_size=2, component="worker"),
-        )
+        with _runtime_lock:
+            if _runtime is None or _runtime[0] != os.getpid():
+                _runtime = (
+                    os.getpid(),
+                    Runtime.build(
+                        pipeline_settings(task.app),
+                        db_pool_size=_journal_pool_size(task),
+                        component="worker",
+                    ),
+                )
     return _runtime[1]
 
 
+def _journal_pool_size(task: Task[Any, Any]) -> int:
+    """Journal connections a worker process needs: a prefork or solo process runs one task
+    at a time (a claim, then its outcomes: two are enough); a thread pool runs as many
+    tasks as it has threads, each a short transaction at a time."""
+    conf = task.app.conf
+    if conf.get("worker_pool") == "threads":
+        return max(2, min(MAX_JOURNAL_POOL, int(conf.get("worker_concurrency") or 2) // 2))
+    return 2
+
+
 @worker_process_shutdown.connect
+@worker_shutdown.connect
 def _flush_spans(**_kwargs: Any) -> None:
-    """A pool process exits without running `atexit`: export its last spans first."""
+    """A pool process exits without running `atexit`: export its last spans first (and
+    a solo or thread pool's worker, at its shutdown)."""
     if _runtime is not None and _runtime[0] == os.getpid():
         _runtime[1].tracing.flush()
 

@@ -101,9 +101,19 @@ class Harness:
         return component.start()
 
     def start_worker(
-        self, line: str, *, pool: str = "solo", concurrency: int = 1, wait: bool = True
+        self,
+        line: str,
+        *,
+        pool: str | None = "solo",
+        concurrency: int | None = 1,
+        wait: bool = True,
     ) -> Component:
-        worker = self._component("worker", line, "--pool", pool, "--concurrency", str(concurrency))
+        """A `pipeline worker LINE`; `pool` or `concurrency` None: the product's default."""
+        options = [
+            *(("--pool", pool) if pool else ()),
+            *(("--concurrency", str(concurrency)) if concurrency else ()),
+        ]
+        worker = self._component("worker", line, *options)
         if wait:
             worker.wait_for_output(" ready.", timeout_s=40)
         return worker
