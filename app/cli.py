@@ -23,6 +23,7 @@ from app.clock import as_utc
 from app.errors import AdminNotConfigured, ConfigError, PipelineError
 from app.journal.models import RecordStatus
 from app.logs import get_logger
+from app.priority import lower_priority
 from app.settings import Settings
 from app.settings_names import CHECKED_VARIABLE, unknown_variables
 
@@ -156,6 +157,7 @@ def worker(
     settings = _settings()
     spec = LineRegistry.from_settings(settings).get(line)
     refuse_unsafe_journal(settings.database_url)
+    lower_priority(settings.nice, component=f"worker {line}")
     celery = create_celery(settings)
     pool = pool or ("threads" if spec.http_sink else "prefork")
     if concurrency is None:
@@ -208,6 +210,7 @@ def beat(
     settings = _settings()
     LineRegistry.from_settings(settings)
     refuse_unsafe_journal(settings.database_url)
+    lower_priority(settings.nice, component="beat")
     create_celery(settings).start(
         [
             *(["--quiet"] if quiet else []),

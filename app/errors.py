@@ -249,6 +249,13 @@ class NotLoopback(Forbidden):
     code = "not_loopback"
 
 
+class LineNotServed(Refused):
+    """This intake does not take that line's records (PIPELINE_INTAKE_LINES): another
+    intake does."""
+
+    code = "line_not_served_here"
+
+
 class HostNotAllowed(Refused):
     """The intake is in dev mode: it answers requests whose Host is localhost, 127.0.0.1
     or [::1] only."""

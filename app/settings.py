@@ -93,6 +93,14 @@ class Settings(BaseSettings):
     intake_host: str = "127.0.0.1"
     intake_port: int = Field(default=8000, ge=0, le=65535)
     intake_workers: int = Field(default=1, ge=1, le=64)
+    # The lines whose records this intake takes (comma-separated); another line's POST is
+    # answered 421 `line_not_served_here`. Unset: every line. An intake per group of lines
+    # keeps a flood of one line off the CPU of another's.
+    intake_lines: list[str] | None = None
+    # Every pipeline process started with this (intake, worker, beat) lowers its CPU
+    # priority to it (0-19, as `nice`): a bulk line's intake and worker give way to the
+    # others' when the CPUs are busy.
+    nice: int = Field(default=0, ge=0, le=19)
     intake_keys: dict[str, SecretStr] = Field(default_factory=dict)
     # Without intake keys the intake refuses to start unless this is set: then it takes
     # unsigned requests from this machine only (`in_dev_mode`).
@@ -217,6 +225,25 @@ class Settings(BaseSettings):
     def _user_and_password(cls, value: SecretStr | None) -> SecretStr | None:
         check_flower_credential(value)
         return value
+
+    @field_validator("intake_lines", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: object) -> object:
+        if isinstance(value, str) and not value.lstrip().startswith("["):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @model_validator(mode="after")
+    def _intake_lines_known(self) -> Settings:
+        unknown = sorted(set(self.intake_lines or ()) - set(self.lines))
+        if unknown:
+            raise ValueError(
+                f"PIPELINE_INTAKE_LINES names no such line: {', '.join(unknown)} "
+                f"(the lines are: {', '.join(self.lines)})"
+            )
+        if self.intake_lines == []:
+            raise ValueError("PIPELINE_INTAKE_LINES is empty: name a line, or leave it unset")
+        return self
 
     @model_validator(mode="after")
     def _stuck_after_visibility(self) -> Settings:

@@ -34,6 +34,8 @@ STATUS_BY_ERROR: dict[type[errors.PipelineError], int] = {
     # Misdirected Request: this server does not answer for that authority (a name that
     # resolves here, as in DNS rebinding, is not one of its own).
     errors.HostNotAllowed: 421,
+    # Misdirected too: another intake takes that line's records.
+    errors.LineNotServed: 421,
     errors.Conflict: 409,
     errors.Throttled: 429,
 }
@@ -42,6 +44,7 @@ STATUS_BY_ERROR: dict[type[errors.PipelineError], int] = {
 OUTCOME_BY_ERROR: dict[type[errors.PipelineError], IntakeOutcome] = {
     errors.Invalid: IntakeOutcome.INVALID,
     errors.NotFound: IntakeOutcome.INVALID,
+    errors.LineNotServed: IntakeOutcome.INVALID,
     errors.Unauthenticated: IntakeOutcome.UNAUTHORIZED,
     errors.Conflict: IntakeOutcome.CONFLICT,
     errors.RateLimited: IntakeOutcome.RATE_LIMITED,

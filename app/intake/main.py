@@ -28,6 +28,7 @@ from app.intake.limits import RequestLimits
 from app.intake.pacing import pacers_for
 from app.intake.request_spans import RequestSpans
 from app.lines import LineRegistry
+from app.priority import lower_priority
 from app.recovery.drain import Drainer
 from app.runtime import Runtime
 from app.settings import Settings
@@ -39,6 +40,7 @@ DB_POOL_SIZE = 10
 def create_app(settings: Settings) -> FastAPI:
     """The intake app for `settings`. Raises `ConfigError` for a bad line setting, or for
     no intake keys without dev mode (`app.intake.exposure`)."""
+    lower_priority(settings.nice, component="intake")
     rt = Runtime.build(settings, db_pool_size=DB_POOL_SIZE, component="intake")
     try:
         check_keys_or_dev_mode(settings)

@@ -26,6 +26,7 @@ from app.errors import (
     AdminRequired,
     BrokerUnavailable,
     JournalUnavailable,
+    LineNotServed,
     NonceReused,
     NotReady,
     QueueFull,
@@ -112,7 +113,9 @@ COMMON = (400, 408, 422, 431, 503)
 ADMIN = (*COMMON, 401, 403)
 RECORD_ANSWER = {
     200: {"description": "a known nonce: the original record; or done under caller_runs"},
-    **errors_doc(*COMMON, 401, 404, 409, 413, 429),  # 429: a full queue, or the line's rate
+    # 421: another intake takes the line (PIPELINE_INTAKE_LINES); 429: a full queue, or the
+    # line's rate.
+    **errors_doc(*COMMON, 401, 404, 409, 413, 421, 429),
 }
 
 
@@ -345,6 +348,13 @@ async def post_record(line: str, request: Request, rt: RuntimeDep) -> JSONRespon
     )
     caller = _caller(request, rt, body)
     spec = rt.lines.get(line)
+    served = rt.settings.intake_lines
+    if served is not None and spec.name not in served:
+        raise LineNotServed(
+            f"this intake takes the records of {', '.join(served)}, not of {spec.name}: "
+            "another intake takes them (PIPELINE_INTAKE_LINES)",
+            served=served,
+        )
     payload = parse_payload(body, spec.schema)
     pacer: Pacer | None = request.app.state.pacers.get(spec.name)
     if pacer is not None:

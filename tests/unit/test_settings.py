@@ -289,3 +289,31 @@ def test_a_short_single_admin_token_is_refused(monkeypatch):
     with pytest.raises(ConfigError) as refused:
         load_settings()
     assert str(refused.value).startswith("PIPELINE_ADMIN_TOKEN: ")
+
+
+def test_intake_lines_are_comma_separated_and_must_name_lines(monkeypatch):
+    monkeypatch.setenv("PIPELINE_INTAKE_LINES", " order , refund")
+    assert load_settings().intake_lines == ["order", "refund"]
+    monkeypatch.setenv("PIPELINE_INTAKE_LINES", "order,shipment")
+    with pytest.raises(ConfigError, match="PIPELINE_INTAKE_LINES names no such line: shipment"):
+        load_settings()
+    monkeypatch.setenv("PIPELINE_INTAKE_LINES", ",")
+    with pytest.raises(ConfigError, match="PIPELINE_INTAKE_LINES is empty"):
+        load_settings()
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("PIPELINE_NICE", "20"),
+        ("PIPELINE_NICE", "-1"),
+        ("PIPELINE_LINES__ORDER__DELIVERY_RATE", "0"),
+        ("PIPELINE_LINES__ORDER__DELIVERY_CONCURRENCY", "0"),
+        ("PIPELINE_LINES__ORDER__DELIVERY_THREADS", "0"),
+        ("PIPELINE_LINES__ORDER__CIRCUIT_MIN_ATTEMPTS", "0"),
+    ],
+)
+def test_delivery_limits_and_priority_out_of_range_are_refused(monkeypatch, name, value):
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigError, match=name):
+        load_settings()
