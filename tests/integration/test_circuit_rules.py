@@ -1,0 +1,77 @@
+"""The circuit's rules, on a real Redis: when it opens, who probes, what closes it."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from app.delivery.circuit import Admission, Change, Circuits, State, counts_against
+from app.line_settings import LineSettings
+
+pytestmark = pytest.mark.journal_independent
+
+SETTINGS = LineSettings(
+    downstream_url="http://127.0.0.1:9/in", circuit_min_attempts=10, circuit_probe_interval_s=1
+)
+
+
+def test_what_counts_against_the_downstream() -> None:
+    assert counts_against(None)  # a timeout, no connection
+    assert counts_against(503)
+    assert counts_against(429)
+    assert not counts_against(404)
+    assert not counts_against(409)
+
+
+def test_it_opens_when_most_of_enough_deliveries_failed_and_a_success_closes_it(harness):
+    circuits = Circuits(harness.runtime().redis)
+    for _ in range(5):
+        assert circuits.count("a", SETTINGS, ok=True).change is Change.NONE
+    for _ in range(5):  # half failed: not most
+        assert circuits.count("a", SETTINGS, ok=False).state is State.CLOSED
+    opened = circuits.count("a", SETTINGS, ok=False)  # 6 of 11
+    assert (opened.change, opened.state, opened.failed, opened.counted) == (
+        Change.OPENED,
+        State.OPEN,
+        6,
+        11,
+    )
+    assert circuits.state("a").state is State.OPEN
+    assert circuits.state("b").state is State.CLOSED  # lines are apart
+    closed = circuits.count("a", SETTINGS, ok=True)
+    assert (closed.change, closed.state) == (Change.CLOSED, State.CLOSED)
+    # The window starts again empty: five failures are not enough to open it again.
+    for _ in range(5):
+        assert circuits.count("a", SETTINGS, ok=False).state is State.CLOSED
+
+
+def test_too_few_deliveries_never_open_it(harness):
+    circuits = Circuits(harness.runtime().redis)
+    for _ in range(9):
+        assert circuits.count("few", SETTINGS, ok=False).state is State.CLOSED
+
+
+def test_one_probe_at_a_time_and_the_next_one_after_the_interval(harness):
+    circuits = Circuits(harness.runtime().redis)
+    for _ in range(10):
+        circuits.count("p", SETTINGS, ok=False)
+    assert circuits.admit("p", owner="x", probe_lifetime_s=30).admission is Admission.WAIT
+    time.sleep(1.1)  # the probe interval
+    assert circuits.admit("p", owner="x", probe_lifetime_s=30).admission is Admission.PROBE
+    assert circuits.state("p").probing
+    assert circuits.admit("p", owner="y", probe_lifetime_s=30).admission is Admission.WAIT
+    # The probe failed: no other goes before another interval.
+    assert circuits.count("p", SETTINGS, ok=False, owner="x").state is State.OPEN
+    assert not circuits.state("p").probing
+    assert circuits.admit("p", owner="y", probe_lifetime_s=30).admission is Admission.WAIT
+    time.sleep(1.1)
+    assert circuits.admit("p", owner="y", probe_lifetime_s=30).admission is Admission.PROBE
+    # A probe that never went out (its record was not claimed) lets the next one go.
+    circuits.drop_probe("p", "y")
+    assert circuits.admit("p", owner="z", probe_lifetime_s=30).admission is Admission.PROBE
+    # A probe whose worker died lapses after its lifetime.
+    circuits.drop_probe("p", "z")
+    assert circuits.admit("p", owner="dead", probe_lifetime_s=0.5).admission is Admission.PROBE
+    time.sleep(0.6)
+    assert circuits.admit("p", owner="next", probe_lifetime_s=30).admission is Admission.PROBE
