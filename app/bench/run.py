@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 from sqlalchemy import select
 
-from app.bench import end_to_end, journal_scenarios
+from app.bench import delivery, end_to_end, journal_scenarios
 from app.bench.journal_scenarios import fill_journal
 from app.bench.load import Request, prepare_wrk, run_load, run_prepared_wrk, run_wrk
 from app.bench.procs import RssSampler, wait_until
@@ -107,6 +107,9 @@ class Bench(BenchStack):
 
     def end_to_end(self) -> None:
         end_to_end.end_to_end(self)
+
+    def delivery(self) -> None:
+        delivery.delivery(self)
 
     def replay(self) -> None:
         rows = self.sizes.replay_rows
@@ -297,7 +300,7 @@ def _aware(moment: datetime) -> datetime:
     return as_utc(moment)
 
 
-SCENARIOS = ("intake", "end_to_end", "replay", "polled", "retention", "isolation")
+SCENARIOS = ("intake", "end_to_end", "delivery", "replay", "polled", "retention", "isolation")
 
 
 def run_bench(
