@@ -38,6 +38,7 @@ from app.bench.stack import BenchStack, order_body
 from app.ids import new_id
 from app.journal.models import RecordStatus
 from app.lines import Line, LineRegistry
+from app.local.supervisor import Child
 
 # The downstream's delays: a fast service, and a slow one.
 DELAYS_MS = (20, 100)
@@ -81,12 +82,10 @@ def _at_delay(bench: BenchStack, delay_ms: int) -> dict[str, Any]:
     line = _line(bench)
     timeout_s = SLACK_S + count * delay_ms / 1000
     alone = _downstream_alone(bench, delay_ms)
-    e2e_s, e2e = _ours_end_to_end(bench, delay_ms, count=count, timeout_s=timeout_s)
-    drain_s, drain = _ours_drain(bench, delay_ms, count=count, timeout_s=timeout_s)
+    e2e_s, e2e, e2e_done = _ours_end_to_end(bench, delay_ms, count=count, timeout_s=timeout_s)
+    drain_s, drain, drain_done = _ours_drain(bench, delay_ms, count=count, timeout_s=timeout_s)
     plain_s, plain = _plain(bench, delay_ms, count=count, processes=line.settings.concurrency)
     ours_per_s, plain_per_s = count / drain_s, count / plain_s
-    counts = {"ours_e2e": e2e, "ours_drain": drain, "plain": plain}
-    e2e_done, drain_done = e2e.pop("done"), drain.pop("done")
     return {
         "delay_ms": delay_ms,
         "records": count,
@@ -103,7 +102,7 @@ def _at_delay(bench: BenchStack, delay_ms: int) -> dict[str, Any]:
         "ours_max_in_flight": drain["max_in_flight"],
         "ours_e2e_max_in_flight": e2e["max_in_flight"],
         "plain_max_in_flight": plain["max_in_flight"],
-        "downstream": counts,
+        "downstream": {"ours_e2e": e2e, "ours_drain": drain, "plain": plain},
         "each_once": all(c["requests"] == c["distinct_keys"] == count for c in (e2e, drain, plain)),
     }
 
@@ -133,7 +132,7 @@ def _downstream_alone(bench: BenchStack, delay_ms: int) -> float:
     return round(result.rate, 1)
 
 
-def _our_worker(bench: BenchStack, name: str, env: dict[str, str]) -> tuple[Any, float]:
+def _our_worker(bench: BenchStack, name: str, env: dict[str, str]) -> tuple[Child, float]:
     """The order line's worker with the line's own settings; returns it and when it was
     ready."""
     child = bench.start_child(name, [sys.executable, "-m", "app.cli", "worker", "order"], **env)
@@ -146,7 +145,7 @@ def _our_worker(bench: BenchStack, name: str, env: dict[str, str]) -> tuple[Any,
 
 def _ours_end_to_end(
     bench: BenchStack, delay_ms: int, *, count: int, timeout_s: float
-) -> tuple[float, dict[str, int]]:
+) -> tuple[float, dict[str, int], int]:
     """Seconds from the first post of `count` records to all done; the downstream's
     counts, and the records done."""
     bench.reset()
@@ -161,12 +160,12 @@ def _ours_end_to_end(
                 _posted_s, done_s = post_until_done(bench, intake, requests, timeout_s=timeout_s)
         finally:
             bench.stop_child(worker)
-        return done_s, {**seen(url), "done": _check_journal(bench, count)}
+        return done_s, seen(url), _check_journal(bench, count)
 
 
 def _ours_drain(
     bench: BenchStack, delay_ms: int, *, count: int, timeout_s: float
-) -> tuple[float, dict[str, int]]:
+) -> tuple[float, dict[str, int], int]:
     """Seconds from a worker's ready line to `count` records done, journaled and queued
     before it started; the downstream's counts, and the records done."""
     bench.reset()
@@ -197,7 +196,7 @@ def _ours_drain(
             done_s = time.monotonic() - ready
         finally:
             bench.stop_child(worker)
-        return done_s, {**seen(url), "done": _check_journal(bench, count)}
+        return done_s, seen(url), _check_journal(bench, count)
 
 
 def _check_journal(bench: BenchStack, count: int) -> int:
