@@ -6,7 +6,9 @@
   in a table through an ORM session, commits, calls Celery's `apply_async`, answers 202.
   No signature, no bound, no dedup.
 
-`celery` is the Celery app of the naive endpoint and of the bare no-op drain."""
+`celery` is the Celery app of the naive endpoint, of the bare no-op drain and of the plain
+delivery task (`bench.deliver`): what a user writes to post records to a downstream, a
+task per record POSTing its JSON body with httpx, one client per worker process."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import os
 from datetime import UTC, datetime
 from typing import Any
 
+import httpx
 from celery import Celery
 from fastapi import Body, FastAPI, Request
 from fastapi.responses import JSONResponse
@@ -23,6 +26,15 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 NOOP_TASK = "bench.noop"
 NOOP_QUEUE = "bench_noop"
 NAIVE_QUEUE = "bench_naive"
+DELIVER_TASK = "bench.deliver"
+DELIVER_QUEUE = "bench_deliver"
+# The downstream the plain delivery task posts to, named in its worker's environment.
+DOWNSTREAM_URL_ENV = "BENCH_DOWNSTREAM_URL"
+# As the HTTP sink's: a line's `delivery_timeout_s` by default.
+DELIVER_TIMEOUT_S = 10.0
+
+# The plain delivery task's client: one per worker process, made after the fork.
+_client: tuple[int, httpx.Client] | None = None
 
 
 class _Base(DeclarativeBase):
@@ -40,8 +52,16 @@ class NaiveJob(_Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
 
 
-def _make_celery() -> Celery:
-    app = Celery("bench", broker=os.environ.get("PIPELINE_REDIS_URL", "redis://127.0.0.1:6379/0"))
+def _http() -> httpx.Client:
+    global _client  # noqa: PLW0603 - one client per worker process
+    if _client is None or _client[0] != os.getpid():
+        _client = (os.getpid(), httpx.Client(timeout=DELIVER_TIMEOUT_S))
+    return _client[1]
+
+
+def make_celery(broker_url: str) -> Celery:
+    """The references' Celery app on `broker_url`: acks late, prefetch 1, as our worker."""
+    app = Celery("bench", broker=broker_url)
     app.conf.update(
         task_serializer="json",
         accept_content=["json"],
@@ -55,10 +75,19 @@ def _make_celery() -> Celery:
     def noop(*_args: Any) -> None:
         return None
 
+    @app.task(name=DELIVER_TASK)
+    def deliver(body: dict[str, Any]) -> None:
+        """POST `body` to the downstream with its id as `Idempotency-Key`; a non-2xx
+        answer fails the task."""
+        response = _http().post(
+            os.environ[DOWNSTREAM_URL_ENV], json=body, headers={"Idempotency-Key": body["id"]}
+        )
+        response.raise_for_status()
+
     return app
 
 
-celery = _make_celery()
+celery = make_celery(os.environ.get("PIPELINE_REDIS_URL", "redis://127.0.0.1:6379/0"))
 noop = celery.tasks[NOOP_TASK]
 
 

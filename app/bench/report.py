@@ -67,6 +67,7 @@ def rows(figures: dict[str, Any]) -> list[tuple[str, str, str, str]]:
                 _ratio(e2e["ours_single_records_per_s"], e2e["celery_noop_per_s"]),
             )
         )
+    found += _delivery_rows(figures)
     replay = figures.get("replay")
     if replay:
         found.append(
@@ -117,6 +118,35 @@ def rows(figures: dict[str, Any]) -> list[tuple[str, str, str, str]]:
                 f"{memory['last_mib']:.0f} MiB",
                 "first → peak → last sample",
                 _ratio(memory["last_mib"], memory["first_mib"]),
+            )
+        )
+    return found
+
+
+def _delivery_rows(figures: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """Delivery to a downstream at each delay: ours (drained, and end to end) beside plain
+    Celery tasks posting the same bodies."""
+    found: list[tuple[str, str, str, str]] = []
+    for run in figures.get("delivery", {}).get("runs", []):
+        once = (
+            "each record once"
+            if run["each_once"]
+            else "NOT each record exactly once (see the downstream's counts)"
+        )
+        found.append(
+            (
+                f"delivery: {run['records']:,} records to a downstream answering in "
+                f"{run['delay_ms']} ms (the line's defaults: concurrency {run['concurrency']}, "
+                f"batch size {run['batch_size']}; the downstream alone: "
+                f"{run['downstream_alone_per_s']:,.0f} req/s at "
+                f"c={run['downstream_alone_connections']})",
+                f"drain {run['ours_drain_records_per_s']:,.1f} records/s · end to end "
+                f"{run['ours_e2e_records_per_s']:,.1f} records/s · at most "
+                f"{run['ours_max_in_flight']} in flight · {once}",
+                f"plain Celery (prefork {run['concurrency']}): "
+                f"{run['plain_records_per_s']:,.1f} records/s · at most "
+                f"{run['plain_max_in_flight']} in flight",
+                _ratio(run["ours_drain_records_per_s"], run["plain_records_per_s"]),
             )
         )
     return found

@@ -19,17 +19,14 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import redis
 from sqlalchemy import select
 
-from app.bench import journal_scenarios
+from app.bench import delivery, end_to_end, journal_scenarios
 from app.bench.journal_scenarios import fill_journal
 from app.bench.load import Request, prepare_wrk, run_load, run_prepared_wrk, run_wrk
-from app.bench.procs import RssSampler, log_path, wait_until
-from app.bench.reference import NOOP_QUEUE, NOOP_TASK
+from app.bench.procs import RssSampler, wait_until
 from app.bench.stack import (
     BENCH_BOUND,
-    POOL,
     BenchStack,
     load_figures,
     order_body,
@@ -37,10 +34,8 @@ from app.bench.stack import (
     signed_request,
 )
 from app.clock import as_utc
-from app.delivery.push import build_message
 from app.journal.engine import make_engine
 from app.journal.models import RecordStatus, records
-from app.lines import TABLE_SINK_BATCH
 from app.recovery.replay import ReplayFilter
 from app.runtime import Runtime
 from app.settings import load_settings
@@ -49,9 +44,6 @@ from app.settings import load_settings
 # signed and journaled, so each request has its own nonce (the bare endpoint, faster,
 # takes them again in turn; it reads no nonce).
 WRK_REQUESTS_PER_S = 4_000
-# The end-to-end scenario runs again with the order line carrying one record to a queue
-# message (its `batch_size`), beside the default (`TABLE_SINK_BATCH` on the table sink).
-E2E_SINGLE = 1
 # Isolation runs a second flood with the status line's `intake_rate` at this share of the
 # status records/s the first flood got journaled.
 PACED_SHARE = 0.25
@@ -114,102 +106,10 @@ class Bench(BenchStack):
         self.results["intake"] = figures
 
     def end_to_end(self) -> None:
-        count = self.sizes.end_to_end
-        default = self._through_intake(count, None)
-        single = self._through_intake(count, E2E_SINGLE)
-        self.progress(f"end to end: bare Celery no-op drain of {count} tasks")
-        self.reset()
-        drain_s = self._celery_drain(count)
-        self.results["end_to_end"] = {
-            "records": count,
-            "ours_records_per_s": round(count / default[1], 1),
-            "ours_intake_s": round(default[0], 2),
-            "batch_size": TABLE_SINK_BATCH,
-            "ours_single_records_per_s": round(count / single[1], 1),
-            "ours_single_intake_s": round(single[0], 2),
-            "celery_noop_per_s": round(count / drain_s, 1),
-            "pool": f"{POOL[0]} {POOL[1]}",
-        }
+        end_to_end.end_to_end(self)
 
-    def _through_intake(self, count: int, batch: int | None) -> tuple[float, float]:
-        """Post `count` order records and wait until all are done, the order line packing
-        up to `batch` records to a message (None: its default). Returns (seconds to post
-        them, seconds to done)."""
-        self.reset()
-        self.progress(
-            f"end to end: {count} records through intake and an order worker, "
-            + ("default settings" if batch is None else f"{batch} to a message")
-        )
-        env = {} if batch is None else {"PIPELINE_LINES__ORDER__BATCH_SIZE": str(batch)}
-        worker = self.worker("order", **env)
-        tag = uuid.uuid4().hex[:8]
-        # Signed before the clock starts: the client's work is not the pipeline's.
-        requests = [signed_request("order", tag, order_body(n, tag)) for n in range(count)]
-        with self.server("intake-e2e", "app.intake.asgi:app_from_env", **env) as (url, _child):
-            assert worker.process is not None
-            with RssSampler(worker.process.pid, include_children=True) as rss:
-                started = time.monotonic()
-                run_load(
-                    url,
-                    requests.__getitem__,
-                    concurrency=self.sizes.concurrency,
-                    duration_s=3600,
-                    total=count,
-                )
-                posted_s = time.monotonic() - started
-                wait_until(
-                    lambda: self.journal_count(line="order", status=RecordStatus.DONE) >= count,
-                    timeout_s=max(120, count / 20),
-                    what=f"{count} records to be done",
-                )
-                done_s = time.monotonic() - started
-        self._stop(worker)
-        if batch is None:
-            self.results.setdefault("memory", {})["worker"] = rss.summary()
-        return posted_s, done_s
-
-    def _celery_drain(self, count: int) -> float:
-        pool, size = POOL
-        argv = [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "app.bench.reference:celery",
-            "worker",
-            "-Q",
-            NOOP_QUEUE,
-            "--pool",
-            pool,
-            "--concurrency",
-            str(size),
-            "--without-mingle",
-            "--without-gossip",
-            "--loglevel",
-            "INFO",
-        ]
-        child = self._start("celery-noop", argv)
-        log = log_path(self.workdir, "celery-noop")
-        try:
-            wait_until(lambda: " ready." in log.read_text(), timeout_s=60, what="the no-op worker")
-            with redis.Redis.from_url(self.redis_url) as client:
-                messages = [
-                    build_message(f"noop-{n}", queue=NOOP_QUEUE, origin="bench", task=NOOP_TASK)
-                    for n in range(count)
-                ]
-                started = time.monotonic()
-                with client.pipeline(transaction=False) as pipe:
-                    for chunk in range(0, count, 1000):
-                        pipe.lpush(NOOP_QUEUE, *messages[chunk : chunk + 1000])
-                    pipe.execute()
-                wait_until(
-                    lambda: client.llen(NOOP_QUEUE) == 0 and client.hlen("unacked") == 0,
-                    timeout_s=max(120, count / 20),
-                    what="the no-op queue to drain",
-                )
-                return time.monotonic() - started
-        finally:
-            self._stop(child)
+    def delivery(self) -> None:
+        delivery.delivery(self)
 
     def replay(self) -> None:
         rows = self.sizes.replay_rows
@@ -400,7 +300,7 @@ def _aware(moment: datetime) -> datetime:
     return as_utc(moment)
 
 
-SCENARIOS = ("intake", "end_to_end", "replay", "polled", "retention", "isolation")
+SCENARIOS = ("intake", "end_to_end", "delivery", "replay", "polled", "retention", "isolation")
 
 
 def run_bench(

@@ -32,6 +32,7 @@ from app.journal.models import (
 from app.journal.schema import upgrade
 from app.local.embedded_redis import RedisServer, answers
 from app.local.supervisor import STOP_TIMEOUT_S, Child
+from app.settings import Settings, load_settings
 
 # "bench" itself names the records the benchmark writes straight into its journal.
 KEY_ID, SECRET = "bench-client", "bench-secret-of-16-bytes"
@@ -56,6 +57,8 @@ class Sizes:
     isolation_s: float
     # The journal under the status routes' pollers, and under retention.
     journal_rows: int
+    # Records delivered to the downstream, at each of its delays.
+    delivery: int
 
     @classmethod
     def for_run(cls, *, quick: bool) -> Sizes:
@@ -68,6 +71,7 @@ class Sizes:
                 replay_rows=20_000,
                 isolation_s=3,
                 journal_rows=20_000,
+                delivery=200,
             )
         return cls(
             intake_s=10,
@@ -77,6 +81,7 @@ class Sizes:
             replay_rows=1_000_000,
             isolation_s=15,
             journal_rows=1_000_000,
+            delivery=2_000,
         )
 
 
@@ -174,6 +179,17 @@ class BenchStack:
         )
         env.update(extra)
         return env
+
+    def child_settings(self, **env: str) -> Settings:
+        """The settings a child started with `env` reads: the run's, not the shell's."""
+        saved = dict(os.environ)
+        os.environ.clear()
+        os.environ.update(self.env(**env))
+        try:
+            return load_settings()
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
 
     def _start(self, name: str, argv: list[str], **env: str) -> Child:
         child = Child(name, argv, log_path=log_path(self.workdir, name))

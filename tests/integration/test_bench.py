@@ -18,6 +18,8 @@ ROWS = [
     "intake beside a bare 202-only endpoint",
     "end to end:",
     "end to end, one record",
+    "delivery: 200 records to a downstream answering in 20 ms",
+    "delivery: 200 records to a downstream answering in 100 ms",
     "replay:",
     "intake beside 8 pollers",
     "retention: ",
@@ -32,7 +34,7 @@ ROWS = [
 
 @pytest.mark.journal
 @pytest.mark.long
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(480)
 def test_quick_bench_completes_and_prints_every_row(harness, tmp_path):
     database = harness.env["PIPELINE_DATABASE_URL"]
     if database.startswith("sqlite"):
@@ -47,7 +49,7 @@ def test_quick_bench_completes_and_prints_every_row(harness, tmp_path):
         env={**env, "COLUMNS": "200"},
         capture_output=True,
         text=True,
-        timeout=240,
+        timeout=420,
         check=False,
     )
     assert done.returncode == 0, done.stderr[-3000:]
@@ -63,6 +65,30 @@ def test_quick_bench_completes_and_prints_every_row(harness, tmp_path):
         assert intake[name]["non_2xx"] == 0, intake[name]
         assert intake[name]["errors"] == 0, intake[name]
     assert figures["end_to_end"]["records"] == 1_000
+    delivery = figures["delivery"]
+    assert [run["delay_ms"] for run in delivery["runs"]] == [20, 100]
+    for run in delivery["runs"]:
+        records = run["records"]
+        assert records == 200
+        # Every record done, and the downstream saw each exactly once, ours and plain alike.
+        assert run["ours_e2e_done"] == run["ours_drain_done"] == records, run
+        for name in ("ours_e2e", "ours_drain", "plain"):
+            counts = run["downstream"][name]
+            assert counts["requests"] == counts["distinct_keys"] == records, (name, run)
+            assert counts["max_in_flight"] >= 1, (name, run)
+        assert run["each_once"] is True
+        assert run["ours_max_in_flight"] == run["downstream"]["ours_drain"]["max_in_flight"]
+        assert run["plain_max_in_flight"] == run["downstream"]["plain"]["max_in_flight"]
+        for figure in (
+            "ours_e2e_records_per_s",
+            "ours_drain_records_per_s",
+            "plain_records_per_s",
+            "ratio",
+            "downstream_alone_per_s",
+        ):
+            assert run[figure] > 0, (figure, run)
+        assert run["concurrency"] >= 1
+        assert run["batch_size"] >= 1
     assert figures["replay"]["enqueued"] == figures["replay"]["rows"] == 20_000
     polled, retention = figures["polled"], figures["retention"]
     assert polled["polls"] > 0
