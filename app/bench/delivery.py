@@ -90,6 +90,9 @@ def _at_delay(bench: BenchStack, delay_ms: int) -> dict[str, Any]:
         "delay_ms": delay_ms,
         "records": count,
         "concurrency": line.settings.concurrency,
+        # Ours: `pipeline worker LINE` as it starts by default on an HTTP-sink line, one
+        # process with a thread pool of `delivery_threads`.
+        "ours_pool": f"1 process, {line.settings.delivery_threads} threads",
         "batch_size": line.batch_size,
         "downstream_alone_per_s": alone,
         "downstream_alone_connections": CHECK_CONNECTIONS,

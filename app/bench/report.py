@@ -136,7 +136,8 @@ def _delivery_rows(figures: dict[str, Any]) -> list[tuple[str, str, str, str]]:
         found.append(
             (
                 f"delivery: {run['records']:,} records to a downstream answering in "
-                f"{run['delay_ms']} ms (the line's defaults: concurrency {run['concurrency']}, "
+                f"{run['delay_ms']} ms (ours: the line's defaults, "
+                f"{run.get('ours_pool', 'concurrency ' + str(run['concurrency']))}, "
                 f"batch size {run['batch_size']}; the downstream alone: "
                 f"{run['downstream_alone_per_s']:,.0f} req/s at "
                 f"c={run['downstream_alone_connections']})",
