@@ -110,6 +110,18 @@ def rows(figures: dict[str, Any]) -> list[tuple[str, str, str, str]]:
                 _ratio(paced["p99_ms"], alone["p99_ms"]),
             )
         )
+        split = isolation.get("split")
+        if split:
+            found.append(
+                (
+                    "isolation, the status line on an intake of its own, it and its worker at "
+                    f"nice 19 ({isolation['split_status_records_posted']:,} posted; "
+                    "target: p99 at most 1.3x the floor's)",
+                    _latencies(split),
+                    "the floor: " + _latencies(busy),
+                    _ratio(split["p99_ms"], busy["p99_ms"]),
+                )
+            )
     for name, memory in figures.get("memory", {}).items():
         found.append(
             (

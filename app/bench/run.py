@@ -36,6 +36,7 @@ from app.bench.stack import (
 from app.clock import as_utc
 from app.journal.engine import make_engine
 from app.journal.models import RecordStatus, records
+from app.local.supervisor import Child
 from app.recovery.replay import ReplayFilter
 from app.runtime import Runtime
 from app.settings import load_settings
@@ -189,11 +190,11 @@ class Bench(BenchStack):
                 f"{rate}/s, {seconds:.0f} s"
             )
             paced, paced_posted = self._flooded(url, seconds, tag="paced")
+        split, split_posted = self._split(seconds, status)
         status_waiting = self.journal_count(line="status") - self.journal_count(
             line="status", status=RecordStatus.DONE
         )
         self._stop(order)
-        self._stop(status)
         self.results["isolation"] = {
             "alone": alone,
             "busy": busy,
@@ -203,8 +204,36 @@ class Bench(BenchStack):
             "paced": paced,
             "paced_intake_rate": rate,
             "paced_status_records_posted": paced_posted,
+            "split": split,
+            "split_status_records_posted": split_posted,
             "status_records_unfinished": status_waiting,
         }
+
+    def _split(self, seconds: float, status: Child) -> tuple[dict[str, float], int]:
+        """Order latencies while the status line is flooded on an intake of its own
+        (`PIPELINE_INTAKE_LINES`), which, with the status worker, runs at the lowest CPU
+        priority (`PIPELINE_NICE=19`), as the floor's busy loops do. Stops `status`."""
+        self._stop(status)
+        niced = self.worker("status", PIPELINE_NICE="19")
+        target = "app.intake.asgi:app_from_env"
+        try:
+            with (
+                self.server("intake-orders", target, PIPELINE_INTAKE_LINES="order,refund") as (
+                    url,
+                    _orders,
+                ),
+                self.server(
+                    "intake-status", target, PIPELINE_INTAKE_LINES="status", PIPELINE_NICE="19"
+                ) as (flood_url, _status),
+            ):
+                self._order_latencies(url, 1, tag="warmup-split")
+                self.progress(
+                    "isolation: order line on its own intake while the status line is "
+                    f"flooded on another, at nice 19 with its worker, {seconds:.0f} s"
+                )
+                return self._flooded(url, seconds, tag="split", flood_url=flood_url)
+        finally:
+            self._stop(niced)
 
     def _beside_busy_loops(self, url: str, seconds: float, *, loops: int) -> dict[str, float]:
         """Order latencies beside `loops` busy loops at nice 19 (`BUSY_LOOP`)."""
@@ -217,11 +246,15 @@ class Bench(BenchStack):
             for child in busy:
                 self._stop(child)
 
-    def _flooded(self, url: str, seconds: float, *, tag: str) -> tuple[dict[str, float], int]:
-        """Order latencies while a status flood runs on `url`, and how many status records
-        the flood got journaled."""
+    def _flooded(
+        self, url: str, seconds: float, *, tag: str, flood_url: str | None = None
+    ) -> tuple[dict[str, float], int]:
+        """Order latencies on `url` while a status flood runs on `flood_url` (else `url`),
+        and how many status records the flood got journaled."""
         before = self.journal_count(line="status")
-        flood = threading.Thread(target=self._status_flood(url, seconds + 1), daemon=True)
+        flood = threading.Thread(
+            target=self._status_flood(flood_url or url, seconds + 1), daemon=True
+        )
         flood.start()
         time.sleep(1)
         latencies = self._order_latencies(url, seconds, tag=tag)
