@@ -19,7 +19,7 @@ from celery.signals import worker_process_shutdown, worker_shutdown
 
 from app.celery_app import pipeline_settings
 from app.clock import utcnow
-from app.delivery.concurrent import attempt_span, describe_attempt
+from app.delivery.flights import attempt_span, describe_attempt
 from app.delivery.outcomes import AttemptResult
 from app.delivery.paused import hold_back
 from app.delivery.push import TASK_NAME, TRACEPARENTS_HEADER
