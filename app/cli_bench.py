@@ -13,7 +13,7 @@ from app.logs import configure_logging
 
 
 def bench(
-    quick: Annotated[bool, typer.Option("--quick", help="A smoke run, under a minute.")] = False,
+    quick: Annotated[bool, typer.Option("--quick", help="A smoke run, a few minutes.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the figures as JSON.")] = False,
     redis_url: Annotated[
         str | None,
