@@ -108,7 +108,6 @@ class _Page:
     """A page claimed, to be pushed and counted."""
 
     size: int
-    skipped_done: int
     batches: list[_Batch]
 
 
@@ -191,6 +190,9 @@ class Replayer:
                     if not page:
                         break
                     cursor = page[-1].id
+                    # Counted as read: a run that fails later still says what it found.
+                    counts.matched += len(page)
+                    counts.skipped_done += sum(r.status is RecordStatus.DONE for r in page)
                     yield page
 
         def push(page: _Page) -> None:
@@ -292,12 +294,9 @@ class Replayer:
         """Ask downstream about `page`, mark what it has `done` and claim the rest (in a
         dry run: only ask). Runs on a pipeline thread: it touches no counts."""
         batches: list[_Batch] = []
-        skipped_done = 0
         by_line: dict[str, list[RecordKey]] = {}
         for record in page:
-            if record.status is RecordStatus.DONE:
-                skipped_done += 1
-            else:
+            if record.status is not RecordStatus.DONE:
                 by_line.setdefault(record.line, []).append(record)
         for line_name, batch in by_line.items():
             line = self.lines.get(line_name)
@@ -334,13 +333,11 @@ class Replayer:
                 line=line, synced=len(synced), todo=len(todo), ours=ours, epoch=epoch, now=now
             )
             batches.append(batch_claimed)
-        return _Page(size=len(page), skipped_done=skipped_done, batches=batches)
+        return _Page(size=len(page), batches=batches)
 
     def _push_page(self, page: _Page, counts: ReplayCounts, *, dry_run: bool) -> None:
         """Push what `_claim_page` claimed, oldest first, within each line's bound: what
-        does not fit goes `deferred`. Counts the page."""
-        counts.matched += page.size
-        counts.skipped_done += page.skipped_done
+        does not fit goes `deferred`. Counts what the page's records became."""
         for batch in page.batches:
             line, ours, epoch = batch.line, batch.ours, batch.epoch
             counts.skipped_synced += batch.synced
