@@ -329,10 +329,11 @@ class Replayer:
                     )
                 )
             ours = [r for r in todo if r.id in claimed]
-            batch_claimed = _Batch(
-                line=line, synced=len(synced), todo=len(todo), ours=ours, epoch=epoch, now=now
+            batches.append(
+                _Batch(
+                    line=line, synced=len(synced), todo=len(todo), ours=ours, epoch=epoch, now=now
+                )
             )
-            batches.append(batch_claimed)
         return _Page(size=len(page), batches=batches)
 
     def _push_page(self, page: _Page, counts: ReplayCounts, *, dry_run: bool) -> None:
