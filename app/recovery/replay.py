@@ -12,8 +12,7 @@ alerted.
 from __future__ import annotations
 
 import itertools
-import urllib.parse
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
 
@@ -21,12 +20,6 @@ import httpx
 from sqlalchemy import Connection
 
 from app.delivery.push import Pusher
-from app.delivery.sinks import (
-    ORDER_STATUS_TABLE,
-    newest_statuses,
-    payload_occurred_at,
-    stored_rows,
-)
 from app.errors import JournalUnavailable
 from app.ids import new_id
 from app.journal import audit, claims, store
@@ -38,11 +31,16 @@ from app.lines import Line, LineRegistry
 from app.logs import get_logger
 from app.observe.alerts import Alerter
 from app.observe.events import Event
-from app.sink_settings import CHECK_URL_ID, SinkKind
+from app.recovery.downstream import downstream_has
+from app.recovery.pipelined import pipelined
 
 log = get_logger(__name__)
 
 PAGE_SIZE = 1000
+# Pages claimed at once on PostgreSQL, each in its own transaction and connection, while
+# the page before them is pushed (see `Replayer._claims_ahead`); the journal's pool
+# holds 5 connections, and a replay also reads.
+CLAIMS_AHEAD = 2
 # Where a replayed record ends up: done (downstream has it), enqueued, deferred (full).
 _REPLAY_MOVES_TO = (RecordStatus.DONE, RecordStatus.ENQUEUED, RecordStatus.DEFERRED)
 # By default replay takes everything that is neither done nor rejected.
@@ -89,6 +87,28 @@ class ReplayCounts:
     skipped_synced: int = 0
     skipped_in_flight: int = 0
     by_line: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Batch:
+    """One line's part of a page: `todo` records downstream lacks (`synced` it has), of
+    which this replay claimed `ours` in `epoch` at `now` (a dry run claims nothing: `ours`
+    are the `todo`)."""
+
+    line: Line
+    synced: int
+    todo: int
+    ours: list[RecordKey]
+    epoch: str
+    now: datetime
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Page:
+    """A page claimed, to be pushed and counted."""
+
+    size: int
+    batches: list[_Batch]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -159,18 +179,44 @@ class Replayer:
         # a replay moves records to come first, so no record is met twice.
         lines = [where.line] if where.line else self.lines.names()
         statuses = sorted(where.statuses, key=lambda s: s not in _REPLAY_MOVES_TO)
-        for line_name, status in itertools.product(lines, statuses):
-            part = replace(where.record_filter(), line=line_name, statuses=[status])
-            cursor: str | None = None
-            while True:
-                with self.journal.reading() as conn:
-                    page = store.list_record_keys(conn, part, limit=PAGE_SIZE, after=cursor)
-                if not page:
-                    break
-                cursor = page[-1].id
-                self._replay_page(page, counts, dry_run=dry_run, clock=clock)
-                if on_page:
-                    on_page(len(page))
+
+        def pages() -> Iterator[list[RecordKey]]:
+            for line_name, status in itertools.product(lines, statuses):
+                part = replace(where.record_filter(), line=line_name, statuses=[status])
+                cursor: str | None = None
+                while True:
+                    with self.journal.reading() as conn:
+                        page = store.list_record_keys(conn, part, limit=PAGE_SIZE, after=cursor)
+                    if not page:
+                        break
+                    cursor = page[-1].id
+                    # Counted as read: a run that fails later still says what it found.
+                    counts.matched += len(page)
+                    counts.skipped_done += sum(r.status is RecordStatus.DONE for r in page)
+                    yield page
+
+        def push(page: _Page) -> None:
+            self._push_page(page, counts, dry_run=dry_run)
+            if on_page:
+                on_page(page.size)
+
+        # Pages read ahead (a page read before the one before it is pushed) meet no record
+        # twice: a page's keyset starts past the ids already read, and the records a replay
+        # moves go to statuses read before the others.
+        pipelined(
+            pages(),
+            lambda page: self._claim_page(page, dry_run=dry_run, clock=clock),
+            push,
+            ahead=self._claims_ahead(),
+        )
+
+    def _claims_ahead(self) -> int:
+        """How many pages are claimed at once while the page before them is pushed. On
+        PostgreSQL a claim's time is its index writes (nine indexes for every row moved),
+        done by its own server process: two at once use both cores of a small host, and
+        the pushes run meanwhile. SQLite takes one writer at a time: its claims run in
+        turn, on this thread."""
+        return CLAIMS_AHEAD if self.journal.engine.dialect.name == "postgresql" else 0
 
     def _audit(
         self,
@@ -242,30 +288,28 @@ class Replayer:
             skipped_in_flight=counts.skipped_in_flight,
         )
 
-    def _replay_page(
-        self,
-        page: list[RecordKey],
-        counts: ReplayCounts,
-        *,
-        dry_run: bool,
-        clock: Callable[[], datetime],
-    ) -> None:
-        counts.matched += len(page)
+    def _claim_page(
+        self, page: list[RecordKey], *, dry_run: bool, clock: Callable[[], datetime]
+    ) -> _Page:
+        """Ask downstream about `page`, mark what it has `done` and claim the rest (in a
+        dry run: only ask). Runs on a pipeline thread: it touches no counts."""
+        batches: list[_Batch] = []
         by_line: dict[str, list[RecordKey]] = {}
         for record in page:
-            if record.status is RecordStatus.DONE:
-                counts.skipped_done += 1
-            else:
+            if record.status is not RecordStatus.DONE:
                 by_line.setdefault(record.line, []).append(record)
         for line_name, batch in by_line.items():
             line = self.lines.get(line_name)
-            synced = self._downstream_has(line, batch)
+            synced = downstream_has(self.journal, self.http, line, batch)
             todo = [r for r in batch if r.id not in synced]
-            counts.skipped_synced += len(batch) - len(todo)
-            if dry_run:
-                counts.enqueued += len(todo)
-                continue
             now = clock()
+            if dry_run:
+                batches.append(
+                    _Batch(
+                        line=line, synced=len(synced), todo=len(todo), ours=todo, epoch="", now=now
+                    )
+                )
+                continue
             # Claimed in the epoch they are about to be pushed in: one transaction per page
             # unless the queue fills up or Redis restarts in between. Only what this replay
             # claimed is pushed: a record in flight (a live lease, or enqueued in this epoch),
@@ -285,7 +329,23 @@ class Replayer:
                     )
                 )
             ours = [r for r in todo if r.id in claimed]
-            counts.skipped_in_flight += len(todo) - len(ours)
+            batches.append(
+                _Batch(
+                    line=line, synced=len(synced), todo=len(todo), ours=ours, epoch=epoch, now=now
+                )
+            )
+        return _Page(size=len(page), batches=batches)
+
+    def _push_page(self, page: _Page, counts: ReplayCounts, *, dry_run: bool) -> None:
+        """Push what `_claim_page` claimed, oldest first, within each line's bound: what
+        does not fit goes `deferred`. Counts what the page's records became."""
+        for batch in page.batches:
+            line, ours, epoch = batch.line, batch.ours, batch.epoch
+            counts.skipped_synced += batch.synced
+            if dry_run:
+                counts.enqueued += batch.todo
+                continue
+            counts.skipped_in_flight += batch.todo - len(ours)
             outcome = self.pusher.push(
                 line.queue,
                 [r.id for r in ours],
@@ -301,50 +361,9 @@ class Replayer:
                     with self.journal.transaction() as conn:
                         if outcome.epoch != epoch:
                             claims.set_epoch(conn, pushed, epoch=outcome.epoch, replace=True)
-                        store.move(conn, left, TransitionEvent.NOT_PUSHED, now=now)
+                        store.move(conn, left, TransitionEvent.NOT_PUSHED, now=batch.now)
                 finally:
                     self.pusher.waiting.left_kept(line.queue, outcome.leaving)
             counts.enqueued += len(pushed)
             counts.deferred += len(left)
-            counts.by_line[line_name] = counts.by_line.get(line_name, 0) + len(pushed) + len(left)
-
-    def _downstream_has(self, line: Line, batch: list[RecordKey]) -> set[str]:
-        """Ids of the records of `batch` whose effect downstream already has."""
-        if line.sink.kind is SinkKind.HANDLER:
-            return set()  # a custom handler has no way to tell: replay it (it is idempotent)
-        if line.sink.kind is SinkKind.HTTP:
-            template = line.settings.check_url
-            return {r.id for r in batch if template and _http_has(self.http, template, r)}
-        table = line.sink_table
-        business_nos = list({r.business_no for r in batch})
-        with self.journal.reading() as conn:
-            if table == ORDER_STATUS_TABLE:
-                newest = newest_statuses(conn, business_nos)
-                known = [r for r in batch if r.business_no in newest]
-                found = store.payloads(conn, [r.id for r in known])
-                return {
-                    r.id
-                    for r in known
-                    if r.id in found and newest[r.business_no] >= payload_occurred_at(found[r.id])
-                }
-            stored = stored_rows(conn, table=table, line=line.name, business_nos=business_nos)
-            # Downstream has a record when its row was written by it, or holds the same
-            # payload; a row of another record with other content does not count. Payloads
-            # are read only for the records that need the comparison.
-            known = [r for r in batch if r.business_no in stored]
-            written_by = {r.id for r in known if stored[r.business_no][0] == r.id}
-            found = store.payloads(conn, [r.id for r in known if r.id not in written_by])
-        return written_by | {
-            r.id for r in known if r.id in found and stored[r.business_no][1] == found[r.id]
-        }
-
-
-def _http_has(client: httpx.Client, template: str, record: RecordKey) -> bool:
-    """Whether the line's check URL says downstream has `record`, asked by its id."""
-    url = template.replace(CHECK_URL_ID, urllib.parse.quote(record.id, safe="")).replace(
-        "{business_no}", urllib.parse.quote(record.business_no, safe="")
-    )
-    try:
-        return client.get(url).status_code == 200
-    except httpx.HTTPError:
-        return False  # cannot tell: replay it (the sink is idempotent)
+            counts.by_line[line.name] = counts.by_line.get(line.name, 0) + len(ours)

@@ -6,19 +6,21 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
+from collections.abc import Callable
 from datetime import timedelta
 
 import pytest
-from sqlalchemy import insert
+from sqlalchemy import insert, update
 
 from app.clock import utcnow
 from app.errors import ConfigError
-from app.journal.models import RecordStatus, order_status, orders
+from app.journal.models import RecordStatus, order_status, orders, records
+from app.recovery import replay
 from app.recovery.replay import ReplayFilter
 from app.settings import load_settings
 from tests.support.journal import journal_records
 from tests.support.messages import queued_ids
-from tests.support.recorder import KnownIds
+from tests.support.recorder import KnownIds, Received
 
 # Runs on every journal database (SQLite and PostgreSQL).
 pytestmark = pytest.mark.journal
@@ -225,3 +227,85 @@ def test_two_replays_at_once_push_each_record_once(harness):
     assert sum(r.enqueued for r in results) == len(ids)
     # What one replay pushed, the other met as in flight (or never saw as dead).
     assert all(r.enqueued + r.skipped_in_flight <= r.matched for r in results)
+
+
+def test_replay_over_many_pages_pushes_oldest_first_and_defers_what_the_bound_leaves(
+    harness, monkeypatch
+):
+    """Pages are claimed ahead of the push of the page before them (on PostgreSQL): the
+    pushes keep the journal's order, and what the queue's bound leaves waits `deferred`."""
+    monkeypatch.setattr(replay, "PAGE_SIZE", 2)  # seven records: four pages
+    harness.configure(lines__refund__max_queue_length="4", lines__refund__batch_size="1")
+    rt = harness.runtime()
+    # In the journal's order (ids made in one millisecond do not sort as they were made).
+    ids = sorted(journal_dead(rt, "refund", [{"business_no": f"P-{n}"} for n in range(7)]))
+
+    counts = rt.replayer.replay(
+        ReplayFilter(line="refund"), dry_run=False, actor="test", clock=utcnow
+    )
+
+    assert (counts.matched, counts.enqueued, counts.deferred) == (7, 4, 3)
+    assert queued_ids(rt.redis, "refund") == ids[:4]
+    statuses = {r.id: r.status for r in harness.records()}
+    assert [statuses[i] for i in ids] == [RecordStatus.ENQUEUED] * 4 + [RecordStatus.DEFERRED] * 3
+
+
+class ChangesTheJournal(KnownIds):
+    """A downstream's check endpoint that has none of the ids it is asked about, and that
+    runs `change` when it is first asked: the journal changes between replay's read of a
+    page and its claim of it."""
+
+    def __init__(self, change: Callable[[], None]) -> None:
+        super().__init__(set())
+        self.change: Callable[[], None] | None = change
+
+    def answer(self, method: str, received: Received) -> int:
+        change, self.change = self.change, None
+        if change is not None:
+            change()
+        return super().answer(method, received)
+
+
+def test_a_record_finished_or_leased_after_its_page_was_read_is_not_claimed(harness):
+    """Replay reads a page, asks downstream, then claims: meanwhile one record of the page
+    was delivered and another's attempt took its lease. The claim's guard (status as read,
+    no live lease) leaves both alone; only the third is pushed."""
+    rt = harness.runtime()
+    done, leased, untouched = journal_records(
+        rt,
+        [{"business_no": f"L-{n}"} for n in range(3)],
+        line="refund",
+        status=RecordStatus.DEFERRED,
+    )
+
+    def worker_meanwhile() -> None:
+        with rt.engine.begin() as conn:
+            conn.execute(
+                update(records)
+                .where(records.c.id == done)
+                .values(status=RecordStatus.DONE.value, finished_at=utcnow())
+            )
+            conn.execute(
+                update(records)
+                .where(records.c.id == leased)
+                .values(lease_owner="w1", lease_expires_at=utcnow() + timedelta(minutes=5))
+            )
+
+    downstream = ChangesTheJournal(worker_meanwhile).start()
+    try:
+        harness.configure(
+            lines__refund__downstream_url=f"{downstream.url}/refunds",
+            lines__refund__check_url=f"{downstream.url}/records/{{id}}",
+        )
+        counts = harness.runtime().replayer.replay(
+            ReplayFilter(line="refund"), dry_run=False, actor="test", clock=utcnow
+        )
+    finally:
+        downstream.stop()
+
+    assert (counts.matched, counts.enqueued, counts.skipped_in_flight) == (3, 1, 2)
+    assert queued_ids(rt.redis, "refund") == [untouched]
+    after = {r.id: r for r in harness.records()}
+    assert after[done].status is RecordStatus.DONE
+    assert (after[leased].status, after[leased].lease_owner) == (RecordStatus.DEFERRED, "w1")
+    assert after[untouched].status is RecordStatus.ENQUEUED
