@@ -54,7 +54,7 @@ class LineSettings(BaseModel):
     # Deliveries one worker process keeps in flight (HTTP sink): the records of a message
     # go out concurrently, each with its own lease, attempt and outcome. It is also the
     # HTTP sink's records per message unless `batch_size` is set.
-    delivery_threads: int = Field(default=16, ge=1, le=256)
+    delivery_threads: int = Field(default=32, ge=1, le=256)
     # Across every worker on every host: deliveries per second (a token bucket in Redis)
     # and deliveries in flight. Unset: no limit.
     delivery_rate: float | None = Field(default=None, gt=0, le=1_000_000)

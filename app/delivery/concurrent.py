@@ -32,6 +32,7 @@ from app.delivery.flights import (
     attempt_span,
     end_spans,
     record_outcome,
+    report,
 )
 from app.delivery.gates import DeliveryGates
 from app.delivery.limits import DeliveryLimits
@@ -39,19 +40,19 @@ from app.delivery.outcomes import (
     AttemptResult,
     http_status_of,
     log_skipped,
-    report_dead,
 )
 from app.delivery.shared_commits import SharedCommits
 from app.delivery.sinks import deliver_http
+from app.delivery.slots import DeliverySlots
 from app.errors import BrokerUnavailable
 from app.journal import attempt_log, attempts
 from app.journal.attempt_log import Attempt
 from app.journal.journal import Journal
-from app.journal.models import Record, RecordStatus
+from app.journal.models import Record
 from app.lines import Line
 from app.logs import get_logger
 from app.observe.alerts import Alerter
-from app.observe.telemetry import Counter, Telemetry
+from app.observe.telemetry import Telemetry
 from app.observe.tracing import SpanKind, Tracing
 
 log = get_logger(__name__)
@@ -99,16 +100,22 @@ class ConcurrentDeliveries:
         self._tracing = tracing
         self._lease_s = lease_s
         self._pool: ThreadPoolExecutor | None = None
-        self._threads = 0
+        self._slots: DeliverySlots | None = None
+        self._building = threading.Lock()
 
-    def _executor(self, threads: int) -> ThreadPoolExecutor:
-        """The process's delivery threads, as many as the most any line asked for."""
-        if self._pool is None or threads > self._threads:
-            if self._pool is not None:
-                self._pool.shutdown(wait=False)
-            self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="delivery")
-            self._threads = threads
-        return self._pool
+    def _executor(self, threads: int) -> tuple[ThreadPoolExecutor, DeliverySlots]:
+        """The process's delivery threads and their slots (a worker runs one line). Twice
+        as many threads as slots: a thread whose delivery is over may still hold its span
+        open until its outcome's commit, and the next delivery must not wait for it."""
+        with self._building:
+            if self._pool is None or self._slots is None or threads != self._slots.size:
+                if self._pool is not None:
+                    self._pool.shutdown(wait=False)
+                self._pool = ThreadPoolExecutor(
+                    max_workers=2 * threads, thread_name_prefix="delivery"
+                )
+                self._slots = DeliverySlots(threads)
+            return self._pool, self._slots
 
     def close(self) -> None:
         if self._pool is not None:
@@ -134,16 +141,26 @@ class ConcurrentDeliveries:
         # What does not run has nothing to say; the others' results replace theirs.
         results = {record_id: AttemptResult(record_id=record_id) for record_id in ids}
         to_run, probe = self._admitted(ids, message)
-        claimed = self._claim(to_run, message)
-        if probe and ids[0] not in {record.id for record in claimed}:
-            self._circuits.drop_probe(line.name, probe)
-        pool = self._executor(line.settings.delivery_threads)
+        pool, slots = self._executor(line.settings.delivery_threads)
         landed: queue.Queue[Flight] = queue.Queue()
-        for record in claimed:
-            pool.submit(
-                self._deliver_to, landed, record, message, probe if record.id == ids[0] else ""
-            )
-        self._collect(landed, len(claimed), message, results)
+        started = 0
+        waiting = list(to_run)
+        while waiting:
+            # Claimed only as threads come free: a claimed record's delivery starts at once.
+            free = slots.take(len(waiting), timeout_s=self._gates.limit_wait_s())
+            if free == 0:
+                self._postpone(waiting, message, "no delivery thread came free in time")
+                break
+            chunk, waiting = waiting[:free], waiting[free:]
+            claimed = self._claim(chunk, message)
+            slots.give(free - len(claimed))
+            if probe and chunk[0] == ids[0] and ids[0] not in {r.id for r in claimed}:
+                self._circuits.drop_probe(line.name, probe)
+            for record in claimed:
+                first = probe if record.id == ids[0] else ""
+                pool.submit(self._deliver_to, landed, slots, record, message, first)
+            started += len(claimed)
+        self._collect(landed, started, message, results)
         return [results[record_id] for record_id in ids]
 
     def _claim(self, to_run: list[str], message: _Message) -> list[Record]:
@@ -198,7 +215,7 @@ class ConcurrentDeliveries:
         """The records of `ids` to claim now, and the circuit's probe owner if the first is
         its probe. With the line's circuit open, the others wait as `failed` (postponed,
         no attempt spent) until about the next probe."""
-        line, owner, clock = message.line, message.owner, message.clock
+        line, owner = message.line, message.owner
         try:
             if self._circuits.state(line.name).state is State.CLOSED:
                 return ids, ""
@@ -214,23 +231,36 @@ class ConcurrentDeliveries:
         first = 1 if verdict.admission is Admission.PROBE else 0
         waiting = ids[first:]
         if waiting:
-            now = clock()
-            retry_at = now + timedelta(seconds=max(verdict.wait_s, 0.1) + POSTPONE_SPREAD)
-            reason = (
-                f"not attempted: the circuit of {line.name} is open "
-                "(its downstream fails most deliveries)"
+            self._postpone(
+                waiting,
+                message,
+                f"the circuit of {line.name} is open (its downstream fails most deliveries)",
+                after_s=max(verdict.wait_s, 0.1),
             )
-            moved = self._commits.run(
-                f"postponing {len(waiting)} deliveries",
-                lambda conn: attempts.postpone(
-                    conn, waiting, reason=reason, retry_at=retry_at, now=now
-                ),
-            )
-            log.info("deliveries_postponed_circuit_open", line=line.name, postponed=moved)
         return ids[:first], (probe if first else "")
 
+    def _postpone(
+        self, ids: list[str], message: _Message, why: str, *, after_s: float = 1.0
+    ) -> None:
+        """No attempt of `ids` starts now (`why`): they wait as `failed`, due again in
+        about `after_s`, without spending an attempt."""
+        now = message.clock()
+        retry_at = now + timedelta(seconds=after_s + message.rng.uniform(0, POSTPONE_SPREAD))
+        moved = self._commits.run(
+            f"postponing {len(ids)} deliveries",
+            lambda conn: attempts.postpone(
+                conn, ids, reason=f"not attempted: {why}", retry_at=retry_at, now=now
+            ),
+        )
+        log.info("deliveries_postponed", line=message.line.name, postponed=moved, why=why)
+
     def _deliver_to(
-        self, landed: queue.Queue[Flight], record: Record, message: _Message, probe: str
+        self,
+        landed: queue.Queue[Flight],
+        slots: DeliverySlots,
+        record: Record,
+        message: _Message,
+        probe: str,
     ) -> None:
         """On a delivery thread: `_deliver`, its flight handed to `landed` whatever
         happens. The attempt's span (current while the request goes out, so the request's
@@ -249,6 +279,8 @@ class ConcurrentDeliveries:
                     )
                 )
                 raise
+            finally:
+                slots.give()  # its delivery is over: the thread may take the next
             landed.put(flight)
             if flight.committed is not None:
                 flight.committed.wait(timeout=COMMIT_WAIT_S)
@@ -347,24 +379,5 @@ class ConcurrentDeliveries:
 
         results = self._commits.run(f"outcomes of {len(landed)} deliveries", record)
         for result in results:
-            self._report(result, line)
+            report(result, line, telemetry=self._telemetry, alerts=self._alerts)
         return results
-
-    def _report(self, result: AttemptResult, line: Line) -> None:
-        record = result.record
-        if record is None or result.outcome is None:
-            return
-        if result.status is RecordStatus.DONE:
-            self._telemetry.count(Counter.DONE, line=line.name)
-            log.info("record_done", record_id=record.id, line=line.name, attempts=record.attempts)
-        elif result.status is RecordStatus.DEAD:
-            report_dead(record, result.error or "", telemetry=self._telemetry, alerts=self._alerts)
-        elif result.status is RecordStatus.FAILED:
-            self._telemetry.count(Counter.FAILED, line=line.name)
-            log.warning(
-                "attempt_failed",
-                record_id=record.id,
-                line=line.name,
-                attempts=record.attempts,
-                error=result.error,
-            )

@@ -18,16 +18,22 @@ from app.delivery.outcomes import (
     attempt_row,
     failure_outcome,
     log_lease_lost,
+    report_dead,
 )
 from app.journal import attempts
 from app.journal.attempt_log import Attempt, Outcome
 from app.journal.models import Record, RecordStatus
 from app.lines import Line
+from app.logs import get_logger
+from app.observe.alerts import Alerter
+from app.observe.telemetry import Counter, Telemetry
 from app.observe.tracing import Span
 
 # How long after the circuit's next probe a postponed record is due, at most (spread, so
 # the records of an outage do not all come back in the same second).
 POSTPONE_SPREAD = 1.0
+
+log = get_logger(__name__)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -167,3 +173,24 @@ def _lost(record: Record, outcome: str) -> AttemptResult:
         outcome=Outcome.LEASE_LOST,
         error=f"the outcome ({outcome}) was ignored: another attempt took the record over",
     )
+
+
+def report(result: AttemptResult, line: Line, *, telemetry: Telemetry, alerts: Alerter) -> None:
+    """Count and log what an attempt came to (and alert a dead record)."""
+    record = result.record
+    if record is None or result.outcome is None:
+        return
+    if result.status is RecordStatus.DONE:
+        telemetry.count(Counter.DONE, line=line.name)
+        log.info("record_done", record_id=record.id, line=line.name, attempts=record.attempts)
+    elif result.status is RecordStatus.DEAD:
+        report_dead(record, result.error or "", telemetry=telemetry, alerts=alerts)
+    elif result.status is RecordStatus.FAILED:
+        telemetry.count(Counter.FAILED, line=line.name)
+        log.warning(
+            "attempt_failed",
+            record_id=record.id,
+            line=line.name,
+            attempts=record.attempts,
+            error=result.error,
+        )

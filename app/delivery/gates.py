@@ -45,9 +45,10 @@ class DeliveryGates:
     def longest_delivery_s(self, line: Line) -> float:
         """The longest one delivery may take: its limits' wait, then its request's phases
         (connect, send, read)."""
-        return self._limit_wait_s() + 3 * line.settings.delivery_timeout_s + 1
+        return self.limit_wait_s() + 3 * line.settings.delivery_timeout_s + 1
 
-    def _limit_wait_s(self) -> float:
+    def limit_wait_s(self) -> float:
+        """The longest a delivery waits for room before its record is given back."""
         return min(MAX_LIMIT_WAIT_S, self._lease_s / 4)
 
     def ask_circuit(self, owner: str, line: Line) -> tuple[str, float]:
@@ -70,7 +71,7 @@ class DeliveryGates:
         settings = line.settings
         if settings.delivery_rate is None and settings.delivery_concurrency is None:
             return None, None
-        budget = self._limit_wait_s()
+        budget = self.limit_wait_s()
         began = time.monotonic()
         lifetime = 3 * settings.delivery_timeout_s + 1
         while True:

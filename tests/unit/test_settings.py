@@ -50,7 +50,7 @@ def test_batch_size_defaults_to_a_batch_on_the_table_sink_and_the_http_sink(monk
     assert {line.name: line.batch_size for line in lines} == {
         "order": TABLE_SINK_BATCH,
         # The HTTP sink delivers a message's records concurrently: as many as its threads.
-        "refund": 16,
+        "refund": 32,
         "wide": 40,
         "status": 1,
         "held": 1,
