@@ -150,6 +150,8 @@ class ConcurrentDeliveries:
             free = slots.take(len(waiting), timeout_s=self._gates.limit_wait_s())
             if free == 0:
                 self._postpone(waiting, message, "no delivery thread came free in time")
+                if probe and ids[0] in waiting:
+                    self._circuits.drop_probe(line.name, probe)
                 break
             chunk, waiting = waiting[:free], waiting[free:]
             claimed = self._claim(chunk, message)
