@@ -64,7 +64,9 @@ def _run_group(item: pytest.Item) -> str | None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    if config.getoption("dist", "no") == "loadgroup" and not hasattr(config, "workerinput"):
+    """On the controller of `pytest -n N --dist loadgroup`: a directory for the groups."""
+    distributed = config.getoption("dist", "no") == "loadgroup" and config.getoption("tx", [])
+    if distributed and not hasattr(config, "workerinput"):
         config.stash[_GROUPS_DIR] = Path(tempfile.mkdtemp(prefix="pytest-run-groups-"))
 
 
