@@ -6,9 +6,11 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import create_engine, text
@@ -18,6 +20,7 @@ from sqlalchemy.pool import NullPool
 from app.journal.engine import make_engine
 from app.journal.schema import upgrade
 from app.local.embedded_redis import RedisServer
+from tests.support import run_groups
 from tests.support.harness import Harness
 from tests.support.processes import free_port
 
@@ -28,6 +31,8 @@ PG_ADMIN_URL = os.environ.get("PIPELINE_TEST_DATABASE_URL", "")
 TESTS_DIR = Path(__file__).resolve().parent
 # Each directory of tests/ is a tier, with the marker of its name (see pyproject.toml).
 TIERS = ("unit", "integration", "chaos", "browser")
+# The controller's directory for the workers' groups (see tests/support/run_groups.py).
+_GROUPS_DIR = pytest.StashKey[Path]()
 
 
 def mark_tiers(items: list[pytest.Item]) -> None:
@@ -39,14 +44,51 @@ def mark_tiers(items: list[pytest.Item]) -> None:
             continue
         if tier in TIERS:
             item.add_marker(getattr(pytest.mark, tier))
-        item.add_marker(pytest.mark.xdist_group(_run_group(item)))
 
 
-def _run_group(item: pytest.Item) -> str:
-    """Which tests run one after another on one process under `pytest -n N`: those that
-    load the machine (two at once would test the machine, not the pipeline), and the tests
-    of one module (they may share a module's fixture)."""
-    return "loads_machine" if item.get_closest_marker("loads_machine") else item.path.stem
+def _run_group(item: pytest.Item) -> str | None:
+    """Which tests run one after another on one process under `pytest -n N` (pyproject's
+    `--dist loadgroup`): those that load the machine (two at once would test the machine,
+    not the pipeline), and the tests of a module that share a module's fixture (set up
+    once, on one process). None: the test goes alone to whichever process is free."""
+    if item.get_closest_marker("loads_machine"):
+        return "loads_machine"
+    # The fixtures the test uses, with their scopes (pytest has no public name for them).
+    info = getattr(item, "_fixtureinfo", None)
+    shared = info is not None and any(
+        definition.scope in ("package", "module", "class")
+        for definitions in info.name2fixturedefs.values()
+        for definition in definitions
+    )
+    return item.path.stem if shared else None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """On the controller of `pytest -n N --dist loadgroup`: a directory for the groups."""
+    distributed = config.getoption("dist", "no") == "loadgroup" and config.getoption("tx", [])
+    if distributed and not hasattr(config, "workerinput"):
+        config.stash[_GROUPS_DIR] = Path(tempfile.mkdtemp(prefix="pytest-run-groups-"))
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    groups_dir = config.stash.get(_GROUPS_DIR, None)
+    if groups_dir is not None:
+        shutil.rmtree(groups_dir, ignore_errors=True)
+
+
+def pytest_configure_node(node: Any) -> None:
+    """On the controller of `pytest -n N`: where each worker writes its tests' groups."""
+    groups_dir = node.config.stash.get(_GROUPS_DIR, None)
+    if groups_dir is not None:
+        node.workerinput[run_groups.GROUPS_DIR] = str(groups_dir)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`--dist loadgroup` by the groups of `_run_group` (see tests/support/run_groups.py)."""
+    groups_dir = config.stash.get(_GROUPS_DIR, None)
+    if groups_dir is None:
+        return None
+    return run_groups.RunGroupScheduling(config, log, groups_dir=groups_dir)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -66,6 +108,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 item.get_closest_marker("long") is None,
             )
         )
+        groups = {item.nodeid: group for item in items if (group := _run_group(item))}
+        run_groups.write_groups(config, groups)
     if not PG_ADMIN_URL:
         return
     once = pytest.mark.skip(

@@ -18,7 +18,7 @@ import httpx
 from app.journal.models import RecordStatus
 from app.local.embedded_redis import RedisServer
 from tests.support.harness import Harness
-from tests.support.processes import Component, free_port, wait_for
+from tests.support.processes import TLS_CONTEXT, Component, free_port, wait_for
 from tests.support.recorder import Recorder
 
 LINES = ("order", "refund", "status")
@@ -98,8 +98,9 @@ class ChaosStack:
         wait_for(self._intake_ready, timeout_s=30, what="the intake to listen")
 
     def _intake_ready(self) -> bool:
+        url = f"{self.base_url}/healthz"
         try:
-            return httpx.get(f"{self.base_url}/healthz", timeout=1).status_code == 200
+            return httpx.get(url, timeout=1, verify=TLS_CONTEXT).status_code == 200
         except httpx.HTTPError:
             return False
 

@@ -8,7 +8,7 @@ import json
 
 import httpx
 
-from tests.support.processes import free_port, wait_for
+from tests.support.processes import TLS_CONTEXT, free_port, wait_for
 
 KEY_ID, SECRET = "shop-1", "s3cret-value-of-shop-1"
 ADMIN_PATHS = ("/v1/records", "/v1/audit")
@@ -26,7 +26,7 @@ def test_with_keys_and_no_admin_token_the_intake_says_at_start_how_to_open_the_a
 
     def listening() -> bool:
         try:
-            return httpx.get(f"{base}/healthz", timeout=2).status_code == 200
+            return httpx.get(f"{base}/healthz", timeout=2, verify=TLS_CONTEXT).status_code == 200
         except httpx.HTTPError:
             return False
 

@@ -32,8 +32,11 @@ ROWS = [
 ]
 
 
+# The bench measures the journal it is given (the PostgreSQL pass's), and loads the machine
+# on purpose (its loads, one busy loop per CPU): never beside another test that does.
 @pytest.mark.journal
 @pytest.mark.long
+@pytest.mark.loads_machine
 @pytest.mark.timeout(480)
 def test_quick_bench_completes_and_prints_every_row(harness, tmp_path):
     database = harness.env["PIPELINE_DATABASE_URL"]

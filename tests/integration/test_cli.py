@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from app.local.embedded_redis import answers
-from tests.support.processes import free_port, group_alive, wait_for
+from tests.support.processes import TLS_CONTEXT, free_port, group_alive, wait_for
 
 PIPELINE = str(Path(sys.executable).with_name("pipeline"))
 
@@ -55,7 +55,7 @@ def test_pipeline_up_serves_delivers_and_leaves_no_process_after_sigint(harness,
         def ready() -> bool:
             assert up.poll() is None, log_path.read_text()
             try:
-                return httpx.get(f"{base}/readyz", timeout=2).status_code == 200
+                return httpx.get(f"{base}/readyz", timeout=2, verify=TLS_CONTEXT).status_code == 200
             except httpx.HTTPError:
                 return False
 
@@ -84,7 +84,12 @@ def test_pipeline_up_serves_delivers_and_leaves_no_process_after_sigint(harness,
 
         def flower_answers() -> bool:
             try:
-                return httpx.get(flower, auth=found.groups(), timeout=5).status_code == 200
+                return (
+                    httpx.get(
+                        flower, auth=found.groups(), timeout=5, verify=TLS_CONTEXT
+                    ).status_code
+                    == 200
+                )
             except httpx.HTTPError:
                 return False
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.support.processes import REPO, free_port, run_until_exit, wait_for
+from tests.support.processes import REPO, TLS_CONTEXT, free_port, run_until_exit, wait_for
 
 # HTTP and process start-up: the journal's database plays no part.
 pytestmark = pytest.mark.journal_independent
@@ -117,7 +117,12 @@ def test_the_factory_in_dev_mode_says_so_and_serves_only_this_machine(harness, t
         def healthy() -> bool:
             assert process.poll() is None, log_path.read_text()
             try:
-                return httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200
+                return (
+                    httpx.get(
+                        f"http://127.0.0.1:{port}/healthz", timeout=1, verify=TLS_CONTEXT
+                    ).status_code
+                    == 200
+                )
             except httpx.HTTPError:
                 return False
 

@@ -7,7 +7,7 @@ import re
 
 import httpx
 
-from tests.support.processes import free_port, wait_for
+from tests.support.processes import TLS_CONTEXT, free_port, wait_for
 
 FLOWER_USER, FLOWER_PASSWORD = "ops", "flower-pw-3"
 
@@ -30,7 +30,9 @@ def test_flowers_broker_tab_shows_the_messages_waiting_on_each_line(harness):
         assert flower.process is not None
         assert flower.process.poll() is None, flower.output()
         try:
-            answer = httpx.get(f"{flower_url}/api/queues/length", auth=auth, timeout=5)
+            answer = httpx.get(
+                f"{flower_url}/api/queues/length", auth=auth, timeout=5, verify=TLS_CONTEXT
+            )
         except httpx.HTTPError:
             return False
         if answer.status_code != 200:

@@ -9,7 +9,7 @@ import httpx
 
 from app.celery_app import create_celery
 from app.journal.models import RecordStatus
-from tests.support.processes import free_port, wait_for
+from tests.support.processes import TLS_CONTEXT, free_port, wait_for
 
 FLOWER_USER, FLOWER_PASSWORD = "ops", "flower-pw-2"
 
@@ -31,7 +31,9 @@ def test_flowers_api_reports_a_dead_records_task_as_failed(harness):
         assert flower.process is not None
         assert flower.process.poll() is None, flower.output()
         try:
-            answer = httpx.get(f"{flower_url}/api/workers", auth=auth, timeout=5)
+            answer = httpx.get(
+                f"{flower_url}/api/workers", auth=auth, timeout=5, verify=TLS_CONTEXT
+            )
         except httpx.HTTPError:
             return False
         return answer.status_code == 200 and any(n.startswith("order@") for n in answer.json())

@@ -21,6 +21,7 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from tests.support.harness import signed_headers
+from tests.support.processes import TLS_CONTEXT
 
 KEY_ID, SECRET = "fuzz-key", "fuzz-secret-of-16-bytes"
 ADMIN = "fuzz-admin-token"
@@ -87,6 +88,7 @@ def send_signed(case, base_url: str) -> httpx.Response:
         content=content,
         headers=headers,
         timeout=30,
+        verify=TLS_CONTEXT,
     )
 
 

@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from tests.support.harness import signed_headers
-from tests.support.processes import free_port, wait_for
+from tests.support.processes import TLS_CONTEXT, free_port, wait_for
 
 # HTTP, Redis or the browser: the journal's database plays no part.
 pytestmark = pytest.mark.journal_independent
@@ -97,7 +97,12 @@ def intake_process(harness):
         assert process.process is not None
         assert process.process.poll() is None, process.output()
         try:
-            return httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200
+            return (
+                httpx.get(
+                    f"http://127.0.0.1:{port}/healthz", timeout=1, verify=TLS_CONTEXT
+                ).status_code
+                == 200
+            )
         except httpx.HTTPError:
             return False
 
@@ -224,7 +229,12 @@ def test_several_intake_processes_cut_headers_off_while_read_too(harness):
         assert process.process is not None
         assert process.process.poll() is None, process.output()
         try:
-            return httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200
+            return (
+                httpx.get(
+                    f"http://127.0.0.1:{port}/healthz", timeout=1, verify=TLS_CONTEXT
+                ).status_code
+                == 200
+            )
         except httpx.HTTPError:
             return False
 

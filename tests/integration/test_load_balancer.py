@@ -19,7 +19,7 @@ from tests.integration.test_overload import DepthSampler
 from tests.support.haproxy import LoadBalancer, haproxy_binary
 from tests.support.harness import Harness, signed_headers
 from tests.support.messages import queued_ids
-from tests.support.processes import Component, free_port, wait_for
+from tests.support.processes import TLS_CONTEXT, Component, free_port, wait_for
 
 KEY_ID, SECRET = "shop-1", "s3cret-value-of-shop-1"
 ADMIN_TOKEN = "admin-token-0123456789"
@@ -32,7 +32,7 @@ REQUESTS, SENDS_EACH = 8, 8
 
 def _listening(url: str) -> bool:
     try:
-        return httpx.get(f"{url}/healthz", timeout=2).status_code == 200
+        return httpx.get(f"{url}/healthz", timeout=2, verify=TLS_CONTEXT).status_code == 200
     except httpx.HTTPError:
         return False
 

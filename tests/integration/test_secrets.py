@@ -19,7 +19,7 @@ from sqlalchemy.engine import make_url
 
 from app.local.embedded_redis import RedisServer
 from tests.support.harness import signed_headers
-from tests.support.processes import free_port, run_until_exit, wait_for
+from tests.support.processes import TLS_CONTEXT, free_port, run_until_exit, wait_for
 from tests.support.recorder import Recorder
 
 PIPELINE = str(Path(sys.executable).with_name("pipeline"))
@@ -158,7 +158,7 @@ def _run_and_search(harness, tmp_path, redis_server, recorder) -> None:
 
 def _answers(url: str, auth: tuple[str, str] | None = None) -> bool:
     try:
-        return httpx.get(url, auth=auth, timeout=2).status_code == 200
+        return httpx.get(url, auth=auth, timeout=2, verify=TLS_CONTEXT).status_code == 200
     except httpx.HTTPError:
         return False
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 
 from tests.support.otlp import Collector, ReceivedSpan
-from tests.support.processes import free_port, wait_for
+from tests.support.processes import TLS_CONTEXT, free_port, wait_for
 from tests.support.recorder import Recorder
 
 PIPELINE = str(Path(sys.executable).with_name("pipeline"))
@@ -32,7 +32,7 @@ def _start_intake(harness) -> str:
 
     def listening() -> bool:
         try:
-            return httpx.get(f"{base}/healthz", timeout=2).status_code == 200
+            return httpx.get(f"{base}/healthz", timeout=2, verify=TLS_CONTEXT).status_code == 200
         except httpx.HTTPError:
             return False
 
