@@ -5,19 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.downstream import Gauged
+from tests.support.downstream import Gauged, post_records
 from tests.support.processes import wait_for
 
 pytestmark = pytest.mark.journal
-
-
-def _post(client, line: str, count: int, prefix: str) -> set[str]:
-    ids = set()
-    for n in range(count):
-        response = client.post(f"/v1/{line}", json={"business_no": f"{prefix}-{n}"})
-        assert response.status_code == 202, response.text
-        ids.add(response.json()["id"])
-    return ids
 
 
 def test_slow_records_hold_no_other_records_outcome(harness):
@@ -30,9 +21,9 @@ def test_slow_records_hold_no_other_records_outcome(harness):
         client = harness.start_intake()
         # More slow records than the line has worker processes (`concurrency`, 4): before,
         # each held a process, and the other records waited behind them.
-        slow = _post(client, "shipment", 5, "SLOW")
+        slow = post_records(client, "shipment", 5, "SLOW")
         downstream.held |= slow
-        others = _post(client, "shipment", 15, "FAST")
+        others = post_records(client, "shipment", 15, "FAST")
         harness.start_worker("shipment", pool=None, concurrency=None)  # the line's defaults
         final = harness.wait_until_final(others, timeout_s=60)
         assert {record.status.value for record in final.values()} == {"done"}
@@ -70,7 +61,7 @@ def test_first_attempts_that_time_out_do_not_queue_the_retries_behind_them(harne
             sweep_interval_seconds="1",
         )
         client = harness.start_intake()
-        ids = _post(client, "shipment", 20, "HANG")
+        ids = post_records(client, "shipment", 20, "HANG")
         harness.start_worker("shipment", pool=None, concurrency=None)  # the line's defaults
         harness.start_beat()
         final = harness.wait_until_final(ids, timeout_s=90)

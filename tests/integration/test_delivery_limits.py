@@ -8,7 +8,7 @@ import time
 import pytest
 
 from app.delivery.limits import bucket_capacity
-from tests.support.downstream import Gauged
+from tests.support.downstream import Gauged, post_records
 
 pytestmark = pytest.mark.journal_independent
 
@@ -18,15 +18,6 @@ RATE = 50
 # to this, which lets a few more requests land within one second than the tokens taken in
 # any one second.
 TRANSIT_S = 0.2
-
-
-def _post(client, count: int, prefix: str) -> set[str]:
-    ids = set()
-    for n in range(count):
-        response = client.post("/v1/shipment", json={"business_no": f"{prefix}-{n}"})
-        assert response.status_code == 202, response.text
-        ids.add(response.json()["id"])
-    return ids
 
 
 def test_three_worker_processes_never_send_more_than_the_bucket_allows_in_any_second(harness):
@@ -45,7 +36,7 @@ def test_three_worker_processes_never_send_more_than_the_bucket_allows_in_any_se
         for worker in workers:
             worker.wait_for_output(" ready.", timeout_s=60)
         began = time.time()
-        ids = _post(client, 300, "RATE")
+        ids = post_records(client, "shipment", 300, "RATE")
         final = harness.wait_until_final(ids, timeout_s=120)
         assert {record.status.value for record in final.values()} == {"done"}
         seen = downstream.snapshot()
@@ -74,7 +65,7 @@ def test_no_more_deliveries_in_flight_than_the_lines_concurrency_limit(harness):
             lines__shipment__delivery_concurrency="3",
         )
         client = harness.start_intake()
-        ids = _post(client, 60, "CONC")
+        ids = post_records(client, "shipment", 60, "CONC")
         for _ in range(2):
             harness.start_worker("shipment", pool=None, concurrency=None)
         final = harness.wait_until_final(ids, timeout_s=120)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Any
 
 from tests.support.recorder import Received, _SmallServer
 
@@ -67,3 +68,13 @@ class Gauged(_SmallServer):
                 first += 1
             most = max(most, last - first + 1)
         return most
+
+
+def post_records(client: Any, line: str, count: int, prefix: str) -> set[str]:
+    """Post `count` records to `line` (business numbers `prefix-n`); their ids."""
+    ids = set()
+    for n in range(count):
+        response = client.post(f"/v1/{line}", json={"business_no": f"{prefix}-{n}"})
+        assert response.status_code == 202, response.text
+        ids.add(response.json()["id"])
+    return ids
