@@ -159,6 +159,9 @@ def test_downstream_failing_with_few_attempts_ends_dead_then_replay_gets_all_don
             lines__refund__max_attempts="2",
             lines__refund__backoff_initial_s="0.2",
             lines__refund__backoff_max_s="0.5",
+            # The circuit would keep these records waiting instead (its own test): here
+            # the records must use up their attempts.
+            lines__refund__circuit_min_attempts="1000000",
             alert_webhooks=json.dumps([{"kind": "generic", "url": f"{alerts.url}/alerts"}]),
         )
         # A smaller load: what this fault tests needs records in flight, not a flood, and the

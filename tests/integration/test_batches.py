@@ -45,8 +45,11 @@ def test_a_push_packs_records_into_messages_and_stops_at_the_bound_in_messages(h
     assert {r.status for r in harness.records() if r.id in ids[16:]} == {RecordStatus.ENQUEUED}
 
 
-def test_by_default_a_group_is_packed_on_a_table_sink_line_and_not_on_an_http_line(harness):
-    harness.configure(lines__refund__downstream_url="http://127.0.0.1:9/in")
+def test_by_default_a_group_is_packed_on_a_table_sink_line_and_on_an_http_line(harness):
+    harness.configure(
+        lines__refund__downstream_url="http://127.0.0.1:9/in",
+        lines__refund__delivery_threads="2",
+    )
     rt = harness.runtime()
     now = utcnow()
     orders = [new_record("order", f"O-{n}", now=now) for n in range(TABLE_SINK_BATCH + 2)]
@@ -59,9 +62,12 @@ def test_by_default_a_group_is_packed_on_a_table_sink_line_and_not_on_an_http_li
         order_ids[:TABLE_SINK_BATCH],
         order_ids[TABLE_SINK_BATCH:],
     ]
-    # An HTTP sink runs a message's records one after another: one record to a message.
+    # An HTTP sink delivers a message's records concurrently: as many to a message as
+    # its worker process has delivery threads.
+    refund_ids = [new.id for new in refunds]
     assert [message_args(m) for m in reversed(rt.redis.lrange("refund", 0, -1))] == [
-        new.id for new in refunds
+        refund_ids[:2],
+        refund_ids[2:],
     ]
 
 
