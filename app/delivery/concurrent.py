@@ -1,11 +1,13 @@
 """The HTTP sink's deliveries of a message, many in flight at once within one worker
 process.
 
-The records of a message are claimed in one transaction (each its own lease and attempt
-number), then each is delivered on a thread of the process's pool: it asks its line's
-circuit (`app.delivery.circuit`) and global limits (`app.delivery.limits`) first, then
-POSTs over the process's one HTTP client (keep-alive). Outcomes are recorded as they come,
-those that came together in one transaction, so a slow record holds no other's outcome.
+The records of a message are claimed as the process's delivery threads come free (each
+its own lease and attempt number; a claimed record's delivery starts at once), then each
+is delivered on one of those threads: it asks its line's circuit (`app.delivery.circuit`)
+and global limits (`app.delivery.limits`) first, then POSTs over the process's one HTTP
+client (keep-alive). Outcomes are recorded as they come, so a slow record holds no other's
+outcome; the process's journal writes of one moment share one transaction
+(`app.delivery.shared_commits`).
 
 A delivery the circuit or the limits keep from starting spends no attempt: its record is
 given back (`failed`, due again soon, its attempt number returned). So is a failure while
@@ -154,7 +156,14 @@ class ConcurrentDeliveries:
                     self._circuits.drop_probe(line.name, probe)
                 break
             chunk, waiting = waiting[:free], waiting[free:]
-            claimed = self._claim(chunk, message)
+            try:
+                claimed = self._claim(chunk, message)
+            except BaseException:
+                # The journal did not answer: what went out is still recorded, and the
+                # slots of this chunk are given back (the worker would lose them).
+                slots.give(free)
+                self._collect(landed, started, message, results)
+                raise
             slots.give(free - len(claimed))
             if probe and chunk[0] == ids[0] and ids[0] not in {r.id for r in claimed}:
                 self._circuits.drop_probe(line.name, probe)
