@@ -98,3 +98,21 @@ def _error_schema(document: dict[str, Any]) -> None:
     inner = schemas.pop("ErrorDetail", None)
     if inner is not None and "#/components/schemas/ErrorDetail" in json.dumps(document):
         schemas["ErrorDetail"] = inner
+
+
+# What `POST /v1/{line}` takes, for the OpenAPI document (the body is read raw to sign it).
+RECORD_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {
+                "schema": {
+                    "type": "object",
+                    "required": ["business_no"],
+                    "properties": {"business_no": {"type": "string", "maxLength": 128}},
+                    "additionalProperties": True,
+                }
+            }
+        },
+    }
+}

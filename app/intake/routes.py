@@ -35,7 +35,7 @@ from app.errors import (
 from app.ids import digest, new_id
 from app.intake.body import parse_payload, read_body
 from app.intake.errors import count_outcomes
-from app.intake.openapi_doc import ADMIN_BEARER, REQUEST_SIGNATURE
+from app.intake.openapi_doc import ADMIN_BEARER, RECORD_BODY, REQUEST_SIGNATURE
 from app.intake.pacing import Pacer
 from app.intake.signing import MAX_NONCE_LENGTH, Caller, verify
 from app.intake.views import alert_view, line_status_view, record_view
@@ -59,23 +59,6 @@ _rng = random.Random()  # noqa: S311 - backoff jitter, not cryptography
 RECORD_AUDIT_ROWS = 50
 # A rejected record's caller is asked to wait this long: a queue drains in seconds.
 QUEUE_FULL_RETRY_AFTER_S = 5
-
-# What `POST /v1/{line}` takes, for the OpenAPI document (the body is read raw to sign it).
-RECORD_BODY = {
-    "requestBody": {
-        "required": True,
-        "content": {
-            "application/json": {
-                "schema": {
-                    "type": "object",
-                    "required": ["business_no"],
-                    "properties": {"business_no": {"type": "string", "maxLength": 128}},
-                    "additionalProperties": True,
-                }
-            }
-        },
-    }
-}
 
 
 class ErrorDetail(BaseModel):
