@@ -58,6 +58,9 @@ class WorkerRun:
 
 class _Downstream(ThreadingHTTPServer):
     daemon_threads = True
+    # A burst of connections fits in the listen backlog (the default, 5, drops SYNs that
+    # the client's kernel sends again a second later: a second counted as latency).
+    request_queue_size = 128
 
     def __init__(self, delay_s: float) -> None:
         self.delay_s = delay_s

@@ -10,6 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from tests.support.recorder import LocalServer
+
 
 @dataclass
 class RefusingProxy:
@@ -49,7 +51,7 @@ class RefusingProxy:
             def log_message(self, *_args: object) -> None:
                 return  # the test reads `asked`, not a log
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = LocalServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()

@@ -12,6 +12,14 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 
+class LocalServer(ThreadingHTTPServer):
+    """A threaded HTTP server whose listen backlog holds a burst of connections: the
+    default (5) drops a burst's SYNs on a busy machine, and each dropped one arrives a
+    second or more late, as the client's kernel sends it again."""
+
+    request_queue_size = 128
+
+
 @dataclass
 class Received:
     path: str
@@ -70,7 +78,7 @@ class Recorder:
             def log_message(self, *_args: Any) -> None:
                 return
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = LocalServer(("127.0.0.1", 0), Handler)
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
         return self
 
@@ -169,7 +177,7 @@ class _SmallServer:
             def log_message(self, *_args: Any) -> None:
                 return
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = LocalServer(("127.0.0.1", 0), Handler)
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
         return self
 
