@@ -101,27 +101,27 @@ class ConcurrentDeliveries:
         )
         self._tracing = tracing
         self._lease_s = lease_s
-        self._pool: ThreadPoolExecutor | None = None
-        self._slots: DeliverySlots | None = None
+        # Each line's delivery threads and their slots, made on first use: a worker runs
+        # one line; the intake runs those of its lines that overflow under `caller_runs`.
+        self._pools: dict[str, tuple[ThreadPoolExecutor, DeliverySlots]] = {}
         self._building = threading.Lock()
 
-    def _executor(self, threads: int) -> tuple[ThreadPoolExecutor, DeliverySlots]:
-        """The process's delivery threads and their slots (a worker runs one line). Twice
-        as many threads as slots: a thread whose delivery is over may still hold its span
-        open until its outcome's commit, and the next delivery must not wait for it."""
+    def _executor(self, line: Line) -> tuple[ThreadPoolExecutor, DeliverySlots]:
+        """`line`'s delivery threads in this process and their slots. Twice as many
+        threads as slots: a thread whose delivery is over may still hold its span open
+        until its outcome's commit, and the next delivery must not wait for it."""
         with self._building:
-            if self._pool is None or self._slots is None or threads != self._slots.size:
-                if self._pool is not None:
-                    self._pool.shutdown(wait=False)
-                self._pool = ThreadPoolExecutor(
-                    max_workers=2 * threads, thread_name_prefix="delivery"
+            if line.name not in self._pools:
+                threads = line.settings.delivery_threads
+                pool = ThreadPoolExecutor(
+                    max_workers=2 * threads, thread_name_prefix=f"delivery-{line.name}"
                 )
-                self._slots = DeliverySlots(threads)
-            return self._pool, self._slots
+                self._pools[line.name] = (pool, DeliverySlots(threads))
+            return self._pools[line.name]
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
+        for pool, _slots in self._pools.values():
+            pool.shutdown(wait=True)
 
     def run(
         self,
@@ -143,7 +143,7 @@ class ConcurrentDeliveries:
         # What does not run has nothing to say; the others' results replace theirs.
         results = {record_id: AttemptResult(record_id=record_id) for record_id in ids}
         to_run, probe = self._admitted(ids, message)
-        pool, slots = self._executor(line.settings.delivery_threads)
+        pool, slots = self._executor(line)
         landed: queue.Queue[Flight] = queue.Queue()
         started = 0
         waiting = list(to_run)

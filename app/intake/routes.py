@@ -42,6 +42,7 @@ from app.intake.views import alert_view, line_status_view, record_view
 from app.journal import attempt_log, audit, store
 from app.journal.models import RecordStatus, Source
 from app.journal.store import NewRecord
+from app.lines import Line
 from app.observe.metrics import CONTENT_TYPE, render
 from app.observe.telemetry import RECENT_ALERTS, Counter, IntakeOutcome, recent_alerts
 from app.recovery.replay import DEFAULT_STATUSES, ReplayFilter
@@ -154,6 +155,20 @@ def caller_run_limiter(request: Request, line: str, tokens: int) -> anyio.Capaci
     if line not in limiters:
         limiters[line] = anyio.CapacityLimiter(tokens)
     return limiters[line]
+
+
+def _run_here(rt: Runtime, line: Line, record_id: str) -> RecordStatus | None:
+    """The attempt of a record the intake runs itself (`caller_runs`): on an HTTP-sink
+    line, through the line's circuit and global limits, as its workers deliver."""
+    if not line.http_sink:
+        return rt.runner.run_record(record_id, clock=utcnow, rng=_rng)
+    (result,) = rt.deliveries.run([record_id], line=line, parents={}, clock=utcnow, rng=_rng)
+    if result.status is not None:
+        return result.status
+    # Not attempted (the circuit open, no room under the limits): it waits as `failed`.
+    with rt.journal.reading() as conn:
+        found = store.get_record(conn, record_id)
+    return found.status if found is not None else None
 
 
 def _caller(request: Request, rt: Runtime, body: bytes) -> Caller:
@@ -374,8 +389,7 @@ async def post_record(line: str, request: Request, rt: RuntimeDep) -> JSONRespon
         limiter = caller_run_limiter(request, spec.name, spec.settings.concurrency)
         try:
             ran = await anyio.to_thread.run_sync(
-                functools.partial(rt.runner.run_record, record.id, clock=utcnow, rng=_rng),
-                limiter=limiter,
+                functools.partial(_run_here, rt, spec, record.id), limiter=limiter
             )
         except JournalUnavailable:
             ran = None  # the record is committed: the sweeper finishes it
