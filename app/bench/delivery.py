@@ -49,6 +49,10 @@ CHECK_CONNECTIONS = 128
 CHECK_S, CHECK_QUICK_S = 3.0, 1.0
 # The longest a run may wait beyond every record delivered one after another.
 SLACK_S = 120.0
+# Plain Celery at our worker's process count (one): one delivery in flight, so fewer tasks
+# (`SAME_QUICK` in a quick run) keep its run short; its rate is what is compared.
+SAME_PROCESSES = 1
+SAME, SAME_QUICK = 400, 100
 
 
 @contextmanager
@@ -87,7 +91,10 @@ def _at_delay(bench: BenchStack, delay_ms: int) -> dict[str, Any]:
     e2e_s, e2e, e2e_done = _ours_end_to_end(bench, delay_ms, count=count, timeout_s=timeout_s)
     drain_s, drain, drain_done = _ours_drain(bench, delay_ms, count=count, timeout_s=timeout_s)
     plain_s, plain = _plain(bench, delay_ms, count=count, processes=line.settings.concurrency)
+    same_count = min(count, SAME_QUICK if bench.quick else SAME)
+    same_s, same = _plain(bench, delay_ms, count=same_count, processes=SAME_PROCESSES)
     ours_per_s, plain_per_s = count / drain_s, count / plain_s
+    same_per_s = same_count / same_s
     return {
         "delay_ms": delay_ms,
         "records": count,
@@ -104,11 +111,18 @@ def _at_delay(bench: BenchStack, delay_ms: int) -> dict[str, Any]:
         "ours_drain_records_per_s": round(ours_per_s, 1),
         "plain_records_per_s": round(plain_per_s, 1),
         "ratio": round(ours_per_s / plain_per_s, 2),
+        # Plain Celery with as many processes as ours.
+        "plain_same_processes": SAME_PROCESSES,
+        "plain_same_records": same_count,
+        "plain_same_records_per_s": round(same_per_s, 1),
+        "plain_same_max_in_flight": same["max_in_flight"],
+        "ratio_same": round(ours_per_s / same_per_s, 2),
         "ours_max_in_flight": drain["max_in_flight"],
         "ours_e2e_max_in_flight": e2e["max_in_flight"],
         "plain_max_in_flight": plain["max_in_flight"],
-        "downstream": {"ours_e2e": e2e, "ours_drain": drain, "plain": plain},
-        "each_once": all(c["requests"] == c["distinct_keys"] == count for c in (e2e, drain, plain)),
+        "downstream": {"ours_e2e": e2e, "ours_drain": drain, "plain": plain, "plain_same": same},
+        "each_once": all(c["requests"] == c["distinct_keys"] == count for c in (e2e, drain, plain))
+        and same["requests"] == same["distinct_keys"] == same_count,
     }
 
 

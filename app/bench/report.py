@@ -162,6 +162,19 @@ def _delivery_rows(figures: dict[str, Any]) -> list[tuple[str, str, str, str]]:
                 _ratio(run["ours_drain_records_per_s"], run["plain_records_per_s"]),
             )
         )
+        if "plain_same_records_per_s" in run:
+            found.append(
+                (
+                    f"delivery at the same process count, {run['delay_ms']} ms: ours "
+                    f"({run.get('ours_pool', '')}) beside plain Celery with as many processes "
+                    f"({run['plain_same_records']:,} tasks)",
+                    f"drain {run['ours_drain_records_per_s']:,.1f} records/s",
+                    f"plain Celery (prefork {run['plain_same_processes']}): "
+                    f"{run['plain_same_records_per_s']:,.1f} records/s · at most "
+                    f"{run['plain_same_max_in_flight']} in flight",
+                    _ratio(run["ours_drain_records_per_s"], run["plain_same_records_per_s"]),
+                )
+            )
     return found
 
 

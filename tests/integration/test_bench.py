@@ -19,6 +19,7 @@ ROWS = [
     "end to end:",
     "end to end, one record",
     "delivery: 200 records to a downstream answering in 20 ms",
+    "delivery at the same process count, 20 ms",
     "replay:",
     "intake beside 8 pollers",
     "retention: ",
@@ -79,6 +80,11 @@ def test_quick_bench_completes_and_prints_every_row(harness, tmp_path):
             counts = run["downstream"][name]
             assert counts["requests"] == counts["distinct_keys"] == records, (name, run)
             assert counts["max_in_flight"] >= 1, (name, run)
+        # Plain Celery with our process count (one): fewer tasks, each once, one at a time.
+        same = run["downstream"]["plain_same"]
+        assert run["plain_same_processes"] == 1
+        assert same["requests"] == same["distinct_keys"] == run["plain_same_records"] == 100
+        assert run["plain_same_max_in_flight"] == same["max_in_flight"] == 1
         assert run["each_once"] is True
         assert run["ours_max_in_flight"] == run["downstream"]["ours_drain"]["max_in_flight"]
         assert run["plain_max_in_flight"] == run["downstream"]["plain"]["max_in_flight"]
@@ -87,6 +93,8 @@ def test_quick_bench_completes_and_prints_every_row(harness, tmp_path):
             "ours_drain_records_per_s",
             "plain_records_per_s",
             "ratio",
+            "plain_same_records_per_s",
+            "ratio_same",
             "downstream_alone_per_s",
         ):
             assert run[figure] > 0, (figure, run)
