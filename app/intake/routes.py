@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import hmac
-import random
 import time
 from datetime import datetime
 from typing import Annotated, Any
@@ -34,6 +33,7 @@ from app.errors import (
 )
 from app.ids import digest, new_id
 from app.intake.body import parse_payload, read_body
+from app.intake.caller_runs import caller_run_limiter, run_here
 from app.intake.errors import count_outcomes
 from app.intake.openapi_doc import ADMIN_BEARER, RECORD_BODY, REQUEST_SIGNATURE
 from app.intake.pacing import Pacer
@@ -42,7 +42,6 @@ from app.intake.views import alert_view, line_status_view, record_view
 from app.journal import attempt_log, audit, store
 from app.journal.models import RecordStatus, Source
 from app.journal.store import NewRecord
-from app.lines import Line
 from app.observe.metrics import CONTENT_TYPE, render
 from app.observe.telemetry import RECENT_ALERTS, Counter, IntakeOutcome, recent_alerts
 from app.recovery.replay import DEFAULT_STATUSES, ReplayFilter
@@ -55,7 +54,6 @@ _OUTCOME_BY_STATUS = {
     RecordStatus.DEFERRED: IntakeOutcome.DEFERRED,
     RecordStatus.REJECTED: IntakeOutcome.REJECTED,
 }
-_rng = random.Random()  # noqa: S311 - backoff jitter, not cryptography
 # The audit rows a record's detail shows, newest first: a record is acted on a few times.
 RECORD_AUDIT_ROWS = 50
 # A rejected record's caller is asked to wait this long: a queue drains in seconds.
@@ -147,28 +145,6 @@ def require_admin(
 
 
 AdminActor = Annotated[str, Depends(require_admin)]
-
-
-def caller_run_limiter(request: Request, line: str, tokens: int) -> anyio.CapacityLimiter:
-    """The thread limiter of `line`'s caller-run handlers, made on first use."""
-    limiters: dict[str, anyio.CapacityLimiter] = request.app.state.caller_run_limiters
-    if line not in limiters:
-        limiters[line] = anyio.CapacityLimiter(tokens)
-    return limiters[line]
-
-
-def _run_here(rt: Runtime, line: Line, record_id: str) -> RecordStatus | None:
-    """The attempt of a record the intake runs itself (`caller_runs`): on an HTTP-sink
-    line, through the line's circuit and global limits, as its workers deliver."""
-    if not line.http_sink:
-        return rt.runner.run_record(record_id, clock=utcnow, rng=_rng)
-    (result,) = rt.deliveries.run([record_id], line=line, parents={}, clock=utcnow, rng=_rng)
-    if result.status is not None:
-        return result.status
-    # Not attempted (the circuit open, no room under the limits): it waits as `failed`.
-    with rt.journal.reading() as conn:
-        found = store.get_record(conn, record_id)
-    return found.status if found is not None else None
 
 
 def _caller(request: Request, rt: Runtime, body: bytes) -> Caller:
@@ -389,7 +365,7 @@ async def post_record(line: str, request: Request, rt: RuntimeDep) -> JSONRespon
         limiter = caller_run_limiter(request, spec.name, spec.settings.concurrency)
         try:
             ran = await anyio.to_thread.run_sync(
-                functools.partial(_run_here, rt, spec, record.id), limiter=limiter
+                functools.partial(run_here, rt, spec, record.id), limiter=limiter
             )
         except JournalUnavailable:
             ran = None  # the record is committed: the sweeper finishes it
