@@ -98,44 +98,33 @@ def record_outcome(
             conn, record, owner=owner, error=flight.not_started, retry_at=retry_at, now=now
         )
         return AttemptResult(record_id=record.id), None
+    error: str | None = None
     if flight.error is None:
-        done = attempts.mark_done(conn, record, owner=owner, now=now)
-        outcome = Outcome.DONE if done else Outcome.LEASE_LOST
-        row = attempt_row(
-            record,
-            owner=owner,
-            started_at=flight.started_at,
-            finished_at=flight.finished_at,
-            outcome=outcome,
-            http_status=flight.http_status,
-        )
-        if not done:
-            log_lease_lost(record, outcome=RecordStatus.DONE)
-            return _lost(record, "done"), row
-        return AttemptResult(
-            record_id=record.id, record=record, status=RecordStatus.DONE, outcome=outcome
-        ), row
-    error = f"{type(flight.error).__name__}: {flight.error}"
-    circuit = counted.get(record.id)
-    if circuit is not None and circuit.state is State.OPEN:
-        # The downstream is down, not the record: the attempt does not count.
-        wait_s = line.settings.circuit_probe_interval_s + rng.uniform(0, POSTPONE_SPREAD)
-        moved = attempts.give_back(
-            conn,
-            record,
-            owner=owner,
-            error=f"{error} (not counted: the circuit of {line.name} is open)",
-            retry_at=now + timedelta(seconds=wait_s),
-            now=now,
-        )
-        status = RecordStatus.FAILED
+        moved = attempts.mark_done(conn, record, owner=owner, now=now)
+        status = RecordStatus.DONE
+        outcome = Outcome.DONE if moved else Outcome.LEASE_LOST
     else:
-        decision = decide(record.attempts, policy=line.settings, now=now, rng=rng)
-        moved = attempts.mark_failed(
-            conn, record, owner=owner, error=error, retry_at=decision.retry_at, now=now
-        )
-        status = RecordStatus.DEAD if decision.dead else RecordStatus.FAILED
-    outcome = failure_outcome(flight.error) if moved else Outcome.LEASE_LOST
+        error = f"{type(flight.error).__name__}: {flight.error}"
+        circuit = counted.get(record.id)
+        if circuit is not None and circuit.state is State.OPEN:
+            # The downstream is down, not the record: the attempt does not count.
+            wait_s = line.settings.circuit_probe_interval_s + rng.uniform(0, POSTPONE_SPREAD)
+            moved = attempts.give_back(
+                conn,
+                record,
+                owner=owner,
+                error=f"{error} (not counted: the circuit of {line.name} is open)",
+                retry_at=now + timedelta(seconds=wait_s),
+                now=now,
+            )
+            status = RecordStatus.FAILED
+        else:
+            decision = decide(record.attempts, policy=line.settings, now=now, rng=rng)
+            moved = attempts.mark_failed(
+                conn, record, owner=owner, error=error, retry_at=decision.retry_at, now=now
+            )
+            status = RecordStatus.DEAD if decision.dead else RecordStatus.FAILED
+        outcome = failure_outcome(flight.error) if moved else Outcome.LEASE_LOST
     row = attempt_row(
         record,
         owner=owner,
