@@ -114,10 +114,10 @@ def make_redis(url: str, options: dict[str, Any] | None = None) -> redis.Redis:
 
 def _sentinel_primary(url: str, options: dict[str, Any]) -> redis.Redis:
     parsed = parse_sentinel_url(url)
-    sentinel = Sentinel(  # type: ignore[no-untyped-call]  # redis-py leaves it untyped
+    sentinel = Sentinel(  # type: ignore[no-untyped-call,unused-ignore]  # untyped before redis-py 8.2
         list(parsed.sentinels), sentinel_kwargs=sentinel_client_options(parsed, options)
     )
-    client: redis.Redis = sentinel.master_for(  # type: ignore[no-untyped-call]  # likewise
+    client: redis.Redis = sentinel.master_for(  # type: ignore[no-untyped-call,unused-ignore]  # likewise
         parsed.master,
         redis_class=redis.Redis,
         connection_class=SentinelConnection,
