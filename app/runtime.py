@@ -159,6 +159,7 @@ class Runtime:
             retention=Retention(
                 journal=journal,
                 days=settings.retention_days,
+                undelivered_days=settings.retention_undelivered_days,
                 batch_size=settings.retention_batch_size,
                 budget_s=settings.retention_max_run_seconds,
             ),

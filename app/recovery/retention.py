@@ -1,13 +1,15 @@
-"""Journal retention: deletes `done` records older than the retention age, never an
-unfinished one. Run by the active beat.
+"""Journal retention: deletes the records of every final status once they are old enough,
+never an unfinished one. `done` records go `days` after they finished; the undelivered ones
+(`dead`, `rejected`, `cancelled`) `undelivered_days` after they became so. Run by the
+active beat.
 
-A run deletes every expired record, oldest first, in batches of `batch_size`, each its own
-short transaction. After each batch it pauses as long as the batch took, so the intake
-keeps half the journal's time and a core while a purge runs (on SQLite a writer waiting
-for its turn goes before the next batch). It ends when nothing expired is left or after
-`budget_s`; the next run goes on from there. A record has no rows elsewhere
-in the journal to delete with it (its attempts are counted on it; the sink's tables hold
-the delivered effect, not the record)."""
+A run deletes every expired record, oldest first (by when it became final, whatever its
+status), in batches of `batch_size`, each its own short transaction. After each batch it
+pauses as long as the batch took, so the intake keeps half the journal's time and a core
+while a purge runs (on SQLite a writer waiting for its turn goes before the next batch).
+It ends when nothing expired is left or after `budget_s`; the next run goes on from there.
+A record's attempts go with it; the audit log keeps every row, and the sink's tables hold
+the delivered effect, not the record."""
 
 from __future__ import annotations
 
@@ -37,11 +39,13 @@ BATCH_PAUSE_S = 0.001
 
 @dataclass(frozen=True, kw_only=True)
 class Retention:
-    """Deletes old `done` records."""
+    """Deletes old final records."""
 
     journal: Journal
-    # `done` records older than this many days go; 0 keeps everything.
+    # `done` records older than this many days go; 0 keeps them.
     days: float
+    # `dead`, `rejected` and `cancelled` records older than this many days go; 0 keeps them.
+    undelivered_days: float
     batch_size: int
     budget_s: float = RUN_BUDGET_S
     pause_share: float = BATCH_PAUSE_SHARE
@@ -50,6 +54,15 @@ class Retention:
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], None] = time.sleep
 
+    def cutoffs(self, now: datetime) -> expiry.Cutoffs:
+        """The times before which final records are expired at `now`."""
+        return expiry.Cutoffs(
+            done=now - timedelta(days=self.days) if self.days > 0 else None,
+            undelivered=(
+                now - timedelta(days=self.undelivered_days) if self.undelivered_days > 0 else None
+            ),
+        )
+
     def purge(
         self,
         *,
@@ -57,19 +70,23 @@ class Retention:
         max_batches: int | None = None,
         go_on: Callable[[], bool] = lambda: True,
     ) -> int:
-        """Delete the `done` records that finished more than `days` before `now`, oldest
-        first, until none is left, `budget_s` has passed, `max_batches` (None: no limit)
-        ran, or `go_on()` says no before a batch (the beat lost its lock). Returns how
-        many. Raises `JournalUnavailable` (what was deleted before stays deleted)."""
-        if self.days <= 0:
+        """Delete the final records expired at `now` (`cutoffs`), oldest first, until none
+        is left, `budget_s` has passed, `max_batches` (None: no limit) ran, or `go_on()`
+        says no before a batch (the beat lost its lock). Returns how many. Raises
+        `JournalUnavailable` (what was deleted before stays deleted)."""
+        cutoffs = self.cutoffs(now)
+        if not cutoffs.by_status():
             return 0
-        before = now - timedelta(days=self.days)
+        before = {
+            "done_before": cutoffs.done.isoformat() if cutoffs.done else None,
+            "undelivered_before": cutoffs.undelivered.isoformat() if cutoffs.undelivered else None,
+        }
         deadline = self.clock() + self.budget_s
         deleted = batches = 0
         while (max_batches is None or batches < max_batches) and go_on():
             began_s = self.clock()
             with self.journal.transaction("retention") as conn:
-                batch = expiry.delete_done_before(conn, before=before, limit=self.batch_size)
+                batch = expiry.delete_expired(conn, cutoffs, limit=self.batch_size)
             deleted += batch
             batches += 1
             if batch < self.batch_size:
@@ -77,15 +94,10 @@ class Retention:
             ended_s = self.clock()
             if ended_s >= deadline:
                 log.warning(
-                    "retention_out_of_time",
-                    deleted=deleted,
-                    budget_s=self.budget_s,
-                    before=before.isoformat(),
+                    "retention_out_of_time", deleted=deleted, budget_s=self.budget_s, **before
                 )
                 break
             self.sleep(max(self.pause_s, (ended_s - began_s) * self.pause_share))
         if deleted:
-            log.info(
-                "retention_finished", deleted=deleted, batches=batches, before=before.isoformat()
-            )
+            log.info("retention_finished", deleted=deleted, batches=batches, **before)
         return deleted

@@ -231,7 +231,7 @@ def test_statements_that_pick_records_by_id_go_through_the_primary_key_on_sqlite
             store.move(conn, ids, TransitionEvent.DEFERRED, now=now)
             store.mark_enqueued(conn, ids, epoch="e", now=now)
             claims.set_epoch(conn, ids, epoch="e")
-            expiry.delete_done_before(conn, before=now, limit=10)
+            expiry.delete_expired(conn, expiry.Cutoffs(done=now, undelivered=now), limit=10)
             claimed = attempts.claim_attempts(conn, ids, owner="o", lease_s=60, now=now)
             attempts.mark_done_all(conn, claimed, owner="o", now=now)
             attempts.claim_done(conn, ids[0], line="order", max_attempts=8, now=now)

@@ -1,4 +1,5 @@
-"""Retention keeps up: one run deletes every expired `done` record, however many, in short
+"""Retention keeps up: one run deletes every expired final record (`done` after its days,
+`dead`, `rejected` and `cancelled` after theirs), however many, oldest first, in short
 batches that let the intake's writes through, and touches nothing else."""
 
 from __future__ import annotations
@@ -15,11 +16,13 @@ from sqlalchemy import event, func, insert, inspect, select
 
 from app.clock import utcnow
 from app.ids import new_id
-from app.journal import store
+from app.journal import attempt_log, attempts, audit, claims, operator_actions, store
+from app.journal.attempt_log import Outcome, new_attempt
 from app.journal.engine import make_engine
 from app.journal.models import RecordStatus, Source, records
 from app.journal.schema import SCRIPT_LOCATION, upgrade
 from app.journal.store import NewRecord
+from app.journal.transitions import Event
 
 # Runs on every journal database (SQLite and PostgreSQL).
 pytestmark = pytest.mark.journal
@@ -76,7 +79,8 @@ def test_one_run_deletes_every_expired_record_in_short_batches_beside_the_intake
         _fill(conn, prefix="X", count=EXPIRED, status=RecordStatus.DONE, finished_at=old, at=old)
         _fill(conn, prefix="N", count=50, status=RecordStatus.DONE, finished_at=recent, at=recent)
         for n, status in enumerate(s for s in RecordStatus if s is not RecordStatus.DONE):
-            # Old and not done (dead and rejected are kept for audit and replay).
+            # Old and unfinished, or final and younger than the 30 days undelivered
+            # records are kept.
             finished = old if status in (RecordStatus.DEAD, RecordStatus.REJECTED) else None
             _fill(conn, prefix=f"K{n}", count=20, status=status, finished_at=finished, at=old)
     with rt.engine.connect() as conn:
@@ -141,11 +145,14 @@ def test_one_run_deletes_every_expired_record_in_short_batches_beside_the_intake
     assert any(first < at < last for at in inserted_at), (first, last, inserted_at[:5])
 
 
-def test_a_batch_finds_the_expired_records_through_their_index(harness):
-    """Checked with each database's EXPLAIN: the expired records are found through the
-    (status, finished_at) index, in its order (a batch reads only what it deletes, where
-    one used to read and sort every `done` record), then deleted by id."""
-    harness.configure(retention_days="1", retention_batch_size="500")
+def test_a_batch_finds_the_expired_records_through_their_indexes(harness):
+    """Checked with each database's EXPLAIN: the expired records of each final status are
+    found through the index on (status, the time it became final), in its order (a batch
+    reads only what it may delete, where one used to read and sort every `done` record),
+    then deleted by id."""
+    harness.configure(
+        retention_days="1", retention_undelivered_days="1", retention_batch_size="500"
+    )
     rt = harness.runtime()
     now = utcnow()
     old, recent = now - timedelta(days=3), now - timedelta(hours=1)
@@ -153,6 +160,15 @@ def test_a_batch_finds_the_expired_records_through_their_index(harness):
         _fill(conn, prefix="X", count=5_000, status=RecordStatus.DONE, finished_at=old, at=old)
         _fill(conn, prefix="N", count=5_000, status=RecordStatus.DONE, finished_at=recent, at=old)
         _fill(conn, prefix="F", count=5_000, status=RecordStatus.FAILED, finished_at=None, at=old)
+        # As the journal writes them: a dead record has a finished_at, a rejected one not.
+        _fill(conn, prefix="D", count=2_000, status=RecordStatus.DEAD, finished_at=old, at=old)
+        _fill(
+            conn, prefix="E", count=2_000, status=RecordStatus.DEAD, finished_at=recent, at=recent
+        )
+        _fill(conn, prefix="R", count=2_000, status=RecordStatus.REJECTED, finished_at=None, at=old)
+        _fill(
+            conn, prefix="S", count=2_000, status=RecordStatus.REJECTED, finished_at=None, at=recent
+        )
         if conn.dialect.name == "postgresql":
             conn.exec_driver_sql("ANALYZE records")  # as autovacuum would, given the time
     statements: list[tuple[str, object]] = []
@@ -179,15 +195,21 @@ def test_a_batch_finds_the_expired_records_through_their_index(harness):
             for statement, parameters in statements
         ]
         conn.rollback()
-    assert len(plans) <= 2, plans  # a batch: at most a SELECT and a DELETE
+    assert len(plans) == 2, plans  # a batch: a SELECT and a DELETE
+    # The SELECT: a part for each final status, each through its index.
+    found, undelivered = plans[0], 3  # dead, rejected, cancelled
     if postgresql:
         # The DELETE's plan depends on the table's size (a table this small is read whole
         # rather than looked up 500 times); its ids are looked up by primary key in a large
         # one, as every id-picked statement of the journal.
-        assert "Index Scan using ix_records_status_finished_at" in plans[0], plans
-        assert "Sort" not in plans[0], plans
+        assert found.count("Index Scan using ix_records_status_finished_at") == 1, plans
+        assert found.count("Index Scan using ix_records_status_updated_at") == undelivered, plans
+        assert "Sort" not in found, plans
     else:
-        assert "ix_records_status_finished_at (status=? AND finished_at<?)" in plans[0], plans
+        assert found.count("ix_records_status_finished_at (status=? AND finished_at<?)") == 1, plans
+        assert found.count("ix_records_status_updated_at (status=? AND updated_at<?)") == (
+            undelivered
+        ), plans
         assert "TEMP B-TREE" not in "".join(plans), plans  # no sort of the expired
         assert "sqlite_autoindex_records_1 (id=?)" in plans[-1], plans
 
@@ -275,3 +297,155 @@ def test_a_run_stops_between_batches_once_the_beat_may_not_go_on(harness):
     retention = dataclasses.replace(rt.retention, batch_size=100, sleep=lambda _s: None)
     assert retention.purge(now=now, go_on=go_on) == 200
     assert retention.purge(now=now) == 800
+
+
+OWNER = "host:1:retention"
+
+
+def _journaled(conn, status: RecordStatus, *, at: datetime, name: str) -> str:
+    """A record brought to `status` at `at` by the journal's own writes, as the intake, an
+    attempt or an operator leaves it. Returns its id."""
+    record, _ = store.insert_record(conn, _intake_record(at), now=at)
+    if status in (RecordStatus.DONE, RecordStatus.DEAD, RecordStatus.FAILED):
+        claimed = attempts.claim_attempt(conn, record.id, owner=OWNER, lease_s=60, now=at)
+        assert claimed is not None, name
+        if status is RecordStatus.DONE:
+            assert attempts.mark_done(conn, claimed, owner=OWNER, now=at), name
+        else:
+            retry_at = at + timedelta(minutes=1) if status is RecordStatus.FAILED else None
+            assert attempts.mark_failed(
+                conn, claimed, owner=OWNER, error="down", retry_at=retry_at, now=at
+            ), name
+        attempt_log.write(
+            conn,
+            [
+                new_attempt(
+                    record_id=record.id,
+                    attempt=1,
+                    started_at=at,
+                    finished_at=at,
+                    worker=("host", 1),
+                    outcome=Outcome.DONE if status is RecordStatus.DONE else Outcome.FAILED,
+                )
+            ],
+        )
+    elif status is RecordStatus.REJECTED:
+        assert store.move(conn, [record.id], Event.REJECTED, now=at) == 1, name
+    elif status is RecordStatus.DEFERRED:
+        assert store.move(conn, [record.id], Event.DEFERRED, now=at) == 1, name
+    elif status is RecordStatus.ENQUEUED:
+        assert store.mark_enqueued(conn, [record.id], epoch="e", now=at) == 1, name
+    elif status is RecordStatus.CANCELLED:
+        assert operator_actions.cancel(conn, [record.id], epoch=None, now=at), name
+    else:
+        assert status is RecordStatus.RECEIVED, name
+    got = store.get_record(conn, record.id)
+    assert got is not None
+    assert got.status is status, name
+    return record.id
+
+
+def _ids(rt) -> set[str]:
+    with rt.engine.connect() as conn:
+        return set(conn.execute(select(records.c.id)).scalars())
+
+
+def test_every_final_status_goes_after_its_own_days_and_nothing_unfinished_does(harness):
+    harness.configure(retention_days="10", retention_undelivered_days="2")
+    rt = harness.runtime()
+    now = utcnow()
+
+    def days_ago(days: float) -> datetime:
+        return now - timedelta(days=days)
+
+    with rt.journal.transaction() as conn:
+        gone = {
+            "done": _journaled(conn, RecordStatus.DONE, at=days_ago(11), name="done"),
+            "dead": _journaled(conn, RecordStatus.DEAD, at=days_ago(3), name="dead"),
+            "rejected": _journaled(conn, RecordStatus.REJECTED, at=days_ago(3), name="rejected"),
+            "cancelled": _journaled(conn, RecordStatus.CANCELLED, at=days_ago(3), name="cancelled"),
+            "put back": _journaled(conn, RecordStatus.DEAD, at=days_ago(5), name="put back"),
+        }
+        # A replay claimed this dead record and could not push it: it is dead again, with
+        # its finished_at cleared by the claim.
+        dead = store.get_record(conn, gone["put back"])
+        assert dead is not None
+        claimed = claims.claim_as_enqueued(
+            conn, [dead], Event.REPLAYED, now=days_ago(3), fresh_attempts=True
+        )
+        assert claimed == [dead.id]
+        claims.put_back(conn, [dead], now=days_ago(3))
+        kept = {
+            # Older than the undelivered records' days, younger than its own.
+            "done": _journaled(conn, RecordStatus.DONE, at=days_ago(5), name="young done"),
+            **{
+                status.value: _journaled(conn, status, at=days_ago(1), name=status.value)
+                for status in (RecordStatus.DEAD, RecordStatus.REJECTED, RecordStatus.CANCELLED)
+            },
+            # However old, an unfinished record stays.
+            **{
+                f"old {status.value}": _journaled(
+                    conn, status, at=days_ago(30), name=f"old {status.value}"
+                )
+                for status in (
+                    RecordStatus.RECEIVED,
+                    RecordStatus.ENQUEUED,
+                    RecordStatus.DEFERRED,
+                    RecordStatus.FAILED,
+                )
+            },
+        }
+        audit.write(
+            conn,
+            actor="alice",
+            action=audit.Action.CANCEL,
+            target=f"record:{gone['cancelled']}",
+            params={},
+            result={"cancelled": 1},
+            reason=None,
+            now=days_ago(30),
+        )
+        # What the journal writes: no finished_at on a rejected record, nor on a dead one a
+        # replay put back; updated_at on every one.
+        for name in ("rejected", "put back"):
+            record = store.get_record(conn, gone[name])
+            assert record is not None
+            assert record.finished_at is None, name
+
+    assert rt.retention.purge(now=now) == len(gone)
+
+    assert _ids(rt) == set(kept.values())
+    with rt.journal.reading() as conn:
+        assert [row.target for row in audit.newest(conn, limit=10)] == [
+            f"record:{gone['cancelled']}"
+        ]
+        for name in ("dead", "put back"):  # their attempts went with them
+            assert attempt_log.history(conn, gone[name]) == [], name
+        assert len(attempt_log.history(conn, kept["dead"])) == 1
+
+
+def test_a_run_takes_the_final_records_oldest_first_whatever_their_status(harness):
+    harness.configure(retention_days="10", retention_undelivered_days="2", retention_batch_size="2")
+    rt = harness.runtime()
+    now = utcnow()
+    retention = dataclasses.replace(rt.retention, sleep=lambda _s: None)
+    with rt.journal.transaction() as conn:
+        expired = [  # oldest first, by the time each became final
+            _journaled(conn, status, at=now - timedelta(days=days), name=f"{status}-{days}")
+            for status, days in (
+                (RecordStatus.DONE, 20),
+                (RecordStatus.DONE, 12),
+                (RecordStatus.REJECTED, 5),
+                (RecordStatus.DEAD, 4),
+                (RecordStatus.CANCELLED, 3),
+            )
+        ]
+        young_done = _journaled(conn, RecordStatus.DONE, at=now - timedelta(days=9), name="9")
+    everything = {*expired, young_done}
+    left = everything
+    for batch in (expired[:2], expired[2:4], expired[4:]):
+        assert retention.purge(now=now, max_batches=1) == len(batch)
+        left = left - set(batch)
+        assert _ids(rt) == left
+    assert retention.purge(now=now) == 0
+    assert _ids(rt) == {young_done}
