@@ -1,16 +1,21 @@
 """`pipeline send LINE JSON`: post one record to the intake, signed as a third party would
-sign it (through `app.client`)."""
+sign it: through `app.client`, or as Standard Webhooks do for a key of that kind."""
 
 from __future__ import annotations
 
 import json
 import sys
+import time
+import urllib.request
 from typing import Annotated
 
 import typer
+from pydantic import SecretStr
 
+from app import client, standard_webhooks
 from app.cli_schedules import settings_for_command
-from app.client import DEFAULT_TIMEOUT_S, Answer, new_nonce, send_record
+from app.client import DEFAULT_TIMEOUT_S, Answer, new_nonce
+from app.credentials import IntakeKey, IntakeKeyKind
 from app.settings import Settings
 
 # Addresses an intake listens on that a client cannot send to: send to this machine.
@@ -27,11 +32,12 @@ def intake_url(settings: Settings) -> str:
 
 def choose_key(
     settings: Settings, *, key_id: str | None, secret: str | None
-) -> tuple[str | None, str | None]:
-    """The key to sign with: the options, else the one key of `PIPELINE_INTAKE_KEYS`;
-    (None, None) when there is none (an intake in dev mode takes unsigned requests).
-    Raises `typer.BadParameter` when the choice is not clear."""
-    keys = {name: value.get_secret_value() for name, value in settings.intake_keys.items()}
+) -> tuple[str | None, IntakeKey | None]:
+    """The key to sign with: the options (a `--secret` is of the pipeline's own scheme),
+    else the one key of `PIPELINE_INTAKE_KEYS`, of its kind; (None, None) when there is
+    none (an intake in dev mode takes unsigned requests). Raises `typer.BadParameter` when
+    the choice is not clear."""
+    keys = settings.intake_keys
     if key_id is None:
         if secret is not None:
             raise typer.BadParameter("--secret needs --key-id", param_hint="--secret")
@@ -47,8 +53,27 @@ def choose_key(
                 f"{key_id!r} is not a key of PIPELINE_INTAKE_KEYS: give its --secret",
                 param_hint="--key-id",
             )
-        secret = keys[key_id]
-    return key_id, secret
+        return key_id, keys[key_id]
+    return key_id, IntakeKey(secret=SecretStr(secret))
+
+
+def signed_request(
+    url: str, line: str, body: bytes, *, key_id: str | None, key: IntakeKey | None, nonce: str
+) -> urllib.request.Request:
+    """The request that posts `body`, signed with `key` as its kind says (unsigned without
+    one); a Standard Webhooks request's `webhook-id` is `nonce`. Raises `ValueError` for
+    a URL that is not http or https."""
+    if key is None or key.kind is IntakeKeyKind.PIPELINE:
+        secret = None if key is None else key.secret.get_secret_value()
+        return client.signed_request(url, line, body, key_id=key_id, secret=secret, nonce=nonce)
+    request = client.signed_request(url, line, body, key_id=None, secret=None, nonce=nonce)
+    request.remove_header("X-nonce")  # webhook-id is the nonce of this scheme
+    signed = standard_webhooks.signed_headers(
+        key.hmac_key(), msg_id=nonce, timestamp_s=int(time.time()), body=body
+    )
+    for name, value in signed.items():
+        request.add_header(name, value)
+    return request
 
 
 def read_record(given: str) -> bytes:
@@ -87,8 +112,8 @@ def send(
     secret: Annotated[
         str | None,
         typer.Option(
-            help="The key's secret, when PIPELINE_INTAKE_KEYS does not hold it (other users "
-            "can read a command line: prefer the setting)."
+            help="The key's secret, when PIPELINE_INTAKE_KEYS does not hold it, signing with "
+            "X-Signature (other users can read a command line: prefer the setting)."
         ),
     ] = None,
     nonce: Annotated[
@@ -105,15 +130,15 @@ def send(
     """Post one record to the intake, signed, and print its answer (exit 1 unless 2xx)."""
     settings = settings_for_command()
     body = read_record(record)
-    key_id, secret = choose_key(settings, key_id=key_id, secret=secret)
+    key_id, key = choose_key(settings, key_id=key_id, secret=secret)
     target = url or intake_url(settings)
     nonce = nonce or new_nonce()
     try:
-        answer = send_record(
-            target, line, body, key_id=key_id, secret=secret, nonce=nonce, timeout_s=timeout
-        )
+        request = signed_request(target, line, body, key_id=key_id, key=key, nonce=nonce)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--url") from None
+    try:
+        answer = client.send(request, timeout_s=timeout)
     except OSError as exc:
         reason = getattr(exc, "reason", exc)
         print(

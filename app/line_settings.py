@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
+from app import standard_webhooks
 from app.sink_settings import (
     CHECK_URL_ID,
     DEFAULT_SINK_TABLE,
@@ -48,6 +49,10 @@ class LineSettings(BaseModel):
     # 409 by default: some downstreams answer it for a key whose first request they are
     # still processing, and that processing may still fail.
     delivered_statuses: str = SUCCESS_CLASS
+    # `whsec_<base64 key>`: the HTTP sink signs each delivery as Standard Webhooks do
+    # (`webhook-id`, `webhook-timestamp`, `webhook-signature`), so a downstream can check it
+    # with any Standard Webhooks library. Unset: deliveries are not signed.
+    signing_secret: SecretStr | None = None
     # A downstream that has not answered within this (per phase: connect, send, read) is a
     # failed attempt, retried later.
     delivery_timeout_s: float = Field(default=10.0, gt=0, le=600)
@@ -86,6 +91,13 @@ class LineSettings(BaseModel):
             )
         return value
 
+    @field_validator("signing_secret")
+    @classmethod
+    def _whsec_secret(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None:
+            standard_webhooks.decode_secret(value.get_secret_value())
+        return value
+
     @field_validator("delivered_statuses")
     @classmethod
     def _delivered_statuses(cls, value: str) -> str:
@@ -110,6 +122,10 @@ class LineSettings(BaseModel):
             raise ValueError("sink handler needs handler (a dotted path)")
         if kind is not SinkKind.HANDLER and self.handler:
             raise ValueError(f"handler is set but sink is {self.sink}")
+        if kind is not SinkKind.HTTP and self.signing_secret is not None:
+            raise ValueError(
+                f"signing_secret signs the HTTP sink's deliveries, but the sink is {kind.value}"
+            )
         return self
 
     @property

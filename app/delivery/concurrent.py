@@ -347,6 +347,7 @@ class ConcurrentDeliveries:
                 url=line.settings.downstream_url or "",
                 delivered=line.settings.delivered,
                 timeout_s=line.settings.delivery_timeout_s,
+                signing_secret=line.settings.signing_secret,
             )
         except Exception as exc:  # noqa: BLE001 - any failure is the attempt's
             return Flight(

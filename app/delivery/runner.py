@@ -95,6 +95,7 @@ class AttemptRunner:
                 url=line.settings.downstream_url,
                 delivered=line.settings.delivered,
                 timeout_s=line.settings.delivery_timeout_s,
+                signing_secret=line.settings.signing_secret,
             )
         else:  # settings validation makes this unreachable
             raise ConfigError(f"line {line.name!r}: sink {line.sink} is not configured")
