@@ -14,6 +14,7 @@
     │   ├── PayloadTooLarge      the body is over the size limit
     │   ├── HeadersTooLarge      the request's headers are over the limit
     │   ├── RequestTimeout       the body did not arrive in time
+    │   ├── UnsupportedMediaType the body is not declared as JSON
     │   ├── InvalidSchedule      a schedule's cron, zone, line or payload is invalid
     │   └── InvalidFilter        a filter of records is contradictory or empty where one is needed
     ├── NotFound                 what the request names does not exist
@@ -27,7 +28,8 @@
     │   │       └── AdminNotConfigured  none is configured: the admin endpoints are closed
     │   ├── Forbidden            the caller may not do this
     │   │   ├── AdminForbidden   an admin endpoint was called with a wrong token
-    │   │   └── NotLoopback      dev mode, and the client is not on this machine
+    │   │   ├── NotLoopback      dev mode, and the client is not on this machine
+    │   │   └── CrossSite        a page of another site sent a state-changing request
     │   ├── HostNotAllowed       dev mode, and the request's Host is not a loopback name
     │   ├── Conflict             the request conflicts with what is stored
     │   │   ├── NonceReused      a known nonce came back with another body or line
@@ -174,6 +176,12 @@ class RequestTimeout(Invalid):
     code = "request_timeout"
 
 
+class UnsupportedMediaType(Invalid):
+    """The body must be JSON: send it with Content-Type application/json."""
+
+    code = "unsupported_media_type"
+
+
 class HeadersTooLarge(Invalid):
     """The request's headers are over the limit."""
 
@@ -247,6 +255,12 @@ class NotLoopback(Forbidden):
     """The intake is in dev mode: it answers clients on its own machine only."""
 
     code = "not_loopback"
+
+
+class CrossSite(Forbidden):
+    """A page of another site may not act on this intake."""
+
+    code = "cross_site_request"
 
 
 class LineNotServed(Refused):

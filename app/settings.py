@@ -31,10 +31,11 @@ from pydantic_settings.exceptions import SettingsError
 
 from app.credentials import (
     SINGLE_TOKEN_ACTOR,
+    IntakeKey,
     check_flower_credential,
-    check_intake_keys,
     check_named_tokens,
     check_single_token,
+    parse_intake_keys,
 )
 from app.database_url import check_database_url
 from app.errors import ConfigError
@@ -43,11 +44,18 @@ from app.redis_url import check_redis_url
 
 ENV_PREFIX = "PIPELINE_"
 LINE_NAME = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
+# The intake's own paths under /v1/: a line of one of these names could not be posted to
+# (`POST /v1/replay` is the replay), and its pushes would be taken for admin requests.
+RESERVED_LINE_NAMES = frozenset(
+    {"alerts", "audit", "health", "lines", "records", "replay", "schedules", "throughput"}
+)
 # The worker's blocking fetch (BRPOP) returns within this, below the socket timeout, so a
 # connection a proxy dropped silently is noticed instead of blocking forever.
 BRPOP_TIMEOUT_S = 1
 # The intake's body size limit unless set: 1 MiB.
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024
+# Retention's days, in the seconds of the signature's window.
+SECONDS_PER_DAY = 24 * 60 * 60
 
 
 class WebhookKind(StrEnum):
@@ -86,6 +94,9 @@ class Settings(BaseSettings):
         env_nested_delimiter="__",
         extra="ignore",
         frozen=True,
+        # An error's input may be a secret: `load_settings` prints the message alone, and a
+        # ValidationError raised elsewhere does not print the input either.
+        hide_input_in_errors=True,
     )
 
     redis_url: Annotated[str, AfterValidator(check_redis_url)] = "redis://127.0.0.1:6379/0"
@@ -101,7 +112,8 @@ class Settings(BaseSettings):
     # priority to it (0-19, as `nice`): a bulk line's intake and worker give way to the
     # others' when the CPUs are busy.
     nice: int = Field(default=0, ge=0, le=19)
-    intake_keys: dict[str, SecretStr] = Field(default_factory=dict)
+    # Key id -> a secret (the pipeline's own scheme) or {"kind", "secret"} (`IntakeKey`).
+    intake_keys: dict[str, IntakeKey] = Field(default_factory=dict)
     # Without intake keys the intake refuses to start unless this is set: then it takes
     # unsigned requests from this machine only (`in_dev_mode`).
     dev_mode: bool = False
@@ -146,8 +158,10 @@ class Settings(BaseSettings):
     lost_check_interval_seconds: float = Field(default=10, gt=0)
     sweep_batch_size: int = Field(default=500, ge=1)
     sweep_max_per_run: int = Field(default=5000, ge=1)
-    # `done` records are deleted this many days after they finished (0 keeps them forever).
+    # `done` records are deleted this many days after they finished, and `dead`, `rejected`
+    # and `cancelled` ones this many days after they became so (0 keeps them forever).
     retention_days: float = Field(default=30, ge=0)
+    retention_undelivered_days: float = Field(default=30, ge=0)
     retention_interval_seconds: float = Field(default=3600, gt=0)
     retention_batch_size: int = Field(default=1000, ge=1)
     # A retention run stops after this long; the next run goes on where it stopped.
@@ -179,6 +193,11 @@ class Settings(BaseSettings):
         for name in [*DEFAULT_LINES, *[n for n in given if n not in DEFAULT_LINES]]:
             if not LINE_NAME.match(name):
                 raise ValueError(f"line name {name!r} must match {LINE_NAME.pattern}")
+            if name in RESERVED_LINE_NAMES:
+                raise ValueError(
+                    f"line name {name!r} is one of the intake's own paths: "
+                    f"{', '.join(sorted(RESERVED_LINE_NAMES))}"
+                )
             override = given.get(name, {})
             if isinstance(override, LineSettings):
                 override = override.model_dump()
@@ -190,13 +209,10 @@ class Settings(BaseSettings):
             merged[name] = {**defaults, **override}
         return merged
 
-    @field_validator("intake_keys")
+    @field_validator("intake_keys", mode="before")
     @classmethod
-    def _unambiguous_keys_and_long_secrets(
-        cls, value: dict[str, SecretStr]
-    ) -> dict[str, SecretStr]:
-        check_intake_keys(value)
-        return value
+    def _unambiguous_keys_and_long_secrets(cls, value: Any) -> Any:
+        return parse_intake_keys(value)
 
     @field_validator("admin_token")
     @classmethod
@@ -244,6 +260,22 @@ class Settings(BaseSettings):
         if self.intake_lines == []:
             raise ValueError("PIPELINE_INTAKE_LINES is empty: name a line, or leave it unset")
         return self
+
+    @field_validator("retention_days", "retention_undelivered_days")
+    @classmethod
+    def _retention_past_replays(cls, value: float, info: ValidationInfo) -> float:
+        # A record's dedup key, (key id, nonce), goes with it. A request is accepted while
+        # its timestamp is within the window either way of the intake's clock, so the same
+        # request can come again until twice the window after it was accepted: a record
+        # deleted sooner lets that replay in as a new record.
+        window_s = info.data.get("timestamp_window_seconds")
+        if window_s is not None and 0 < value * SECONDS_PER_DAY < 2 * window_s:
+            raise ValueError(
+                f"must be 0 (keep them) or at least twice PIPELINE_TIMESTAMP_WINDOW_SECONDS, "
+                f"{2 * window_s} s ({2 * window_s / SECONDS_PER_DAY:.6g} days): a record "
+                "deleted sooner forgets the nonce of a request that can still be sent again"
+            )
+        return value
 
     @model_validator(mode="after")
     def _stuck_after_visibility(self) -> Settings:

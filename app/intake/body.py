@@ -1,46 +1,16 @@
-"""Reading and validating a request body: size limit, JSON, the line's schema."""
+"""Validating a request body (read whole, within its limits, by `app.intake.gate`): JSON,
+the line's schema."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import math
 import re
 from typing import Any
 
-from fastapi import Request
 from pydantic import BaseModel, ValidationError
 
-from app.errors import InvalidPayload, MalformedBody, PayloadTooLarge, RequestTimeout
-
-
-async def read_body(request: Request, *, limit: int, timeout_s: float) -> bytes:
-    """The raw body, refused with `PayloadTooLarge` as soon as it passes `limit` bytes, and
-    with `RequestTimeout` when it has not all arrived within `timeout_s` (a client sending
-    a byte a second holds a connection, never more than this)."""
-    try:
-        async with asyncio.timeout(timeout_s):
-            return await _read_body(request, limit=limit)
-    except TimeoutError:
-        raise RequestTimeout(f"the body did not arrive within {timeout_s:g} s") from None
-
-
-async def _read_body(request: Request, *, limit: int) -> bytes:
-    declared = request.headers.get("content-length")
-    if declared is not None:
-        if not declared.isdigit():
-            raise MalformedBody("Content-Length is not a number")
-        if int(declared) > limit:
-            raise PayloadTooLarge(f"body is over the limit of {limit} bytes")
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise PayloadTooLarge(f"body is over the limit of {limit} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
-
+from app.errors import InvalidPayload, MalformedBody
 
 # Our own reasons for refusing a body, worth telling the client.
 _OURS = re.compile(r"^(an object has a key twice|a number is out of range|\w+ is not valid JSON)$")

@@ -28,6 +28,7 @@ STATUS_BY_ERROR: dict[type[errors.PipelineError], int] = {
     errors.RequestTimeout: 408,
     errors.PayloadTooLarge: 413,
     errors.HeadersTooLarge: 431,
+    errors.UnsupportedMediaType: 415,
     errors.NotFound: 404,
     errors.Unauthenticated: 401,
     errors.Forbidden: 403,
@@ -59,6 +60,11 @@ def _nearest(table: dict[type[errors.PipelineError], T], exc: errors.PipelineErr
         if cls in table:
             return table[cls]
     return None
+
+
+def outcome_for(exc: errors.PipelineError) -> IntakeOutcome | None:
+    """How a refusal of `POST /v1/{line}` is counted (None: it is not)."""
+    return _nearest(OUTCOME_BY_ERROR, exc)
 
 
 def status_for(exc: errors.PipelineError) -> int:
@@ -107,7 +113,7 @@ def response_for(exc: errors.PipelineError) -> JSONResponse:
 
 async def _pipeline_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, errors.PipelineError)
-    outcome = _nearest(OUTCOME_BY_ERROR, exc)
+    outcome = outcome_for(exc)
     if outcome is not None:
         count_outcome(request, outcome)
     if status_for(exc) >= 500:

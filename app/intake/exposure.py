@@ -5,11 +5,15 @@ Dev mode holds however the intake is started. `pipeline intake` refuses a host t
 loopback; the factory (`app.intake.asgi`) refuses one in `PIPELINE_INTAKE_HOST`, but uvicorn
 may still have been told to bind elsewhere, so the app itself answers only clients whose
 address is loopback, and only requests whose `Host` is a loopback name: a page elsewhere
-that rebinds its own name to 127.0.0.1 (DNS rebinding) is refused too."""
+that rebinds its own name to 127.0.0.1 (DNS rebinding) is refused too.
+
+In every mode, a browser page of another site may not act on the intake: a state-changing
+request whose `Origin` (or `Sec-Fetch-Site`) says so is refused (`cross_site`)."""
 
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Mapping
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -100,3 +104,51 @@ class LoopbackOnly:
             await response_for(HostNotAllowed())(scope, receive, send)
             return
         await self.app(scope, receive, send)
+
+
+# Methods a page elsewhere could use to act: every one but the reads.
+READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+# What a browser says of where a request comes from (Fetch Metadata): only these are this
+# intake's own page or the user's own typing. `same-site` is another port of this host.
+OWN_FETCH_SITES = frozenset({"same-origin", "none"})
+DEFAULT_PORTS = {"http": "80", "https": "443"}
+
+
+def cross_site(method: str, headers: Mapping[str, str]) -> str | None:
+    """Why a state-changing request comes from another site's page (None: it does not).
+
+    A browser names the page's origin in `Origin` (and where it stands in `Sec-Fetch-Site`)
+    on every POST; curl and server-to-server clients send neither, and go on. An `Origin`
+    whose host and port are not the request's `Host` is another site's, and so is
+    `Origin: null` (a sandboxed frame, a file)."""
+    if method in READ_METHODS:
+        return None
+    site = headers.get("sec-fetch-site")
+    if site is not None and site.lower() not in OWN_FETCH_SITES:
+        return f"Sec-Fetch-Site is {site!r}"
+    origin = headers.get("origin")
+    if origin is None:
+        return None
+    if _authority(origin) != _with_port(headers.get("host", ""), origin):
+        return f"Origin {origin[:200]!r} is not this intake's"
+    return None
+
+
+def _authority(origin: str) -> str | None:
+    """`host:port` of an origin (`scheme://host[:port]`), the port made explicit."""
+    scheme, sep, rest = origin.strip().lower().partition("://")
+    if not sep or not rest or "/" in rest:
+        return None  # "null", or not an origin
+    return rest if _has_port(rest) else f"{rest}:{DEFAULT_PORTS.get(scheme, '')}"
+
+
+def _with_port(host: str, origin: str) -> str:
+    """A `Host` header's `host:port`, with the origin's scheme's port when it has none."""
+    host = host.strip().lower()
+    scheme = origin.strip().lower().partition("://")[0]
+    return host if _has_port(host) else f"{host}:{DEFAULT_PORTS.get(scheme, '')}"
+
+
+def _has_port(authority: str) -> bool:
+    _, sep, port = authority.rpartition(":")
+    return bool(sep) and port.isdigit() and not authority.endswith("]")

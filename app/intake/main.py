@@ -23,8 +23,9 @@ from app.intake import (
     routes_records,
     routes_schedules,
 )
+from app.intake.admin import AdminRoutes, require_admin
 from app.intake.exposure import LoopbackOnly, check_keys_or_dev_mode
-from app.intake.limits import RequestLimits
+from app.intake.gate import RequestGate
 from app.intake.pacing import pacers_for
 from app.intake.request_spans import RequestSpans
 from app.lines import LineRegistry
@@ -70,25 +71,33 @@ def create_app(settings: Settings) -> FastAPI:
     )
     app.state.runtime = rt
     app.state.group_accept = group
-    app.state.caller_run_limiters = {}
+    app.state.caller_run_rooms = {}
     app.state.pacers = pacers_for(rt.lines, in_flight_limit=settings.intake_max_concurrent_requests)
     errors.install(app)
+    routers = [
+        routes_console.router,
+        routes_schedules.router,
+        routes_records.router,
+        routes.router,
+        routes_audit.router,
+        routes_lines.router,
+    ]
     app.add_middleware(
-        RequestLimits,
-        limit=settings.intake_max_concurrent_requests,
-        max_header_bytes=settings.intake_max_header_bytes,
+        RequestGate,
+        settings=settings,
+        admin_routes=AdminRoutes(
+            (r for router in routers for r in router.routes), check=require_admin
+        ),
+        lines=rt.lines,
+        telemetry=rt.telemetry,
     )
     if settings.in_dev_mode:
         app.add_middleware(LoopbackOnly)  # added last: the outermost, before any limit
     if rt.tracing.enabled:
         # Outermost of all: a request's span covers every answer, a refusal's too.
         app.add_middleware(RequestSpans, tracing=rt.tracing)
-    app.include_router(routes_console.router)
-    app.include_router(routes_schedules.router)
-    app.include_router(routes_records.router)
-    app.include_router(routes.router)
-    app.include_router(routes_audit.router)
-    app.include_router(routes_lines.router)
+    for router in routers:
+        app.include_router(router)
     _document_lines(app, rt.lines)
     docs.install(app, settings)
     return app

@@ -113,6 +113,13 @@ In a shell (curl and openssl):
 
 ```sh
 {SHELL_EXAMPLE}```
+
+**Standard Webhooks.** A source whose key is of kind `standard-webhooks`
+(`{{"key id": {{"kind": "standard-webhooks", "secret": "whsec_…"}}}}`) signs as that
+specification says instead: `webhook-id` (its nonce), `webhook-timestamp` (unix seconds,
+±{window_s} s) and `webhook-signature`, one or more space-separated `v1,<base64 of the
+HMAC-SHA256 of id.timestamp.body, keyed with the base64-decoded part after whsec_>`. Any
+Standard Webhooks library signs such requests.
 """
 
 

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 
 from app.errors import RateLimited
+from app.intake.gate import LINE_SHARE
 from app.lines import LineRegistry
 
 # A request over its line's rate waits at most this long for its turn, else 429.
@@ -26,9 +27,6 @@ BURST_S = 0.1
 # Waits end on multiples of this, so that the requests whose turns fall within one tick go
 # on together and share a group commit, a queue message and a worker's claim.
 TICK_S = 0.05
-# A line's waiting requests take at most this share of the intake's in-flight limit, so
-# that a flood on one paced line cannot fill it and have the other lines answered 503.
-WAITING_SHARE = 0.25
 
 
 class Pacer:
@@ -89,7 +87,7 @@ def pacers_for(lines: LineRegistry, *, in_flight_limit: int) -> dict[str, Pacer]
         line.name: Pacer(
             rate,
             burst=max(1, math.floor(rate * BURST_S)),
-            max_waiting=max(1, math.floor(in_flight_limit * WAITING_SHARE)),
+            max_waiting=max(1, math.floor(in_flight_limit * LINE_SHARE)),
         )
         for line in lines
         if (rate := line.settings.intake_rate) is not None

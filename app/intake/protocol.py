@@ -24,7 +24,7 @@ from uvicorn.server import ServerState
 
 from app.errors import HeadersTooLarge, PipelineError, RequestTimeout
 from app.intake.errors import response_for
-from app.intake.limits import MAX_HEADERS
+from app.intake.gate import MAX_HEADERS
 from app.settings import Settings
 
 # The defaults of the settings `PIPELINE_INTAKE_MAX_HEADER_BYTES` and

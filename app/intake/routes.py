@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import functools
-import hmac
 import time
 from datetime import datetime
 from typing import Annotated, Any
 
-import anyio
 from fastapi import APIRouter, Depends, Path, Query, Request, Security
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
-from fastapi.security import HTTPAuthorizationCredentials
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
 from sqlalchemy import text
 from starlette.concurrency import run_in_threadpool
@@ -20,9 +17,6 @@ from app.clock import as_utc, utcnow
 from app.dedup_keys import DEV
 from app.delivery.group_commit import GroupAccept
 from app.errors import (
-    AdminForbidden,
-    AdminNotConfigured,
-    AdminRequired,
     BrokerUnavailable,
     JournalUnavailable,
     LineNotServed,
@@ -32,10 +26,11 @@ from app.errors import (
     RecordNotFound,
 )
 from app.ids import digest, new_id
-from app.intake.body import parse_payload, read_body
-from app.intake.caller_runs import caller_run_limiter, run_here
+from app.intake.admin import AdminActor, require_admin
+from app.intake.body import parse_payload
+from app.intake.caller_runs import run_in_request
 from app.intake.errors import count_outcomes
-from app.intake.openapi_doc import ADMIN_BEARER, RECORD_BODY, REQUEST_SIGNATURE
+from app.intake.openapi_doc import RECORD_BODY, REQUEST_SIGNATURE
 from app.intake.pacing import Pacer
 from app.intake.signing import MAX_NONCE_LENGTH, Caller, verify
 from app.intake.views import alert_view, line_status_view, record_view
@@ -89,9 +84,10 @@ def errors_doc(*statuses: int) -> dict[int | str, dict[str, Any]]:
     return {status: {"model": ErrorBody} for status in statuses}
 
 
-# What any endpoint may answer: a malformed request, a body too slow, a bad query or
-# body, headers too large, a request too many in flight.
-COMMON = (400, 408, 422, 431, 503)
+# What any endpoint may answer: a malformed request, a state-changing request of another
+# site's page, a body too slow, too large or not JSON, a bad query or body, headers too
+# large, a request too many in flight.
+COMMON = (400, 403, 408, 413, 415, 422, 431, 503)
 ADMIN = (*COMMON, 401, 403)
 RECORD_ANSWER = {
     200: {"description": "a known nonce: the original record; or done under caller_runs"},
@@ -108,48 +104,13 @@ async def runtime(request: Request) -> Runtime:
 
 
 RuntimeDep = Annotated[Runtime, Depends(runtime)]
-# The actor of admin actions in dev mode with no admin token.
-DEV_ACTOR = "dev"
-
-
-def require_admin(
-    request: Request,
-    rt: RuntimeDep,
-    # Only declares the scheme in the OpenAPI document: the header is checked below.
-    _bearer: Annotated[HTTPAuthorizationCredentials | None, Security(ADMIN_BEARER)],
-) -> str:
-    """Admin endpoints take `Authorization: Bearer <token>`; open in dev mode without one.
-    Returns the actor the token names (`admin` for `PIPELINE_ADMIN_TOKEN`, a name of
-    `PIPELINE_ADMIN_TOKENS`; `dev` in dev mode without tokens). Raises `AdminNotConfigured`
-    (401) when no token is configured, whatever was sent: no token could be right, so the
-    answer says how to open them rather than asking for one; `AdminRequired` (401) without
-    a bearer token, `AdminForbidden` (403) for a wrong one."""
-    actors = rt.settings.admin_actors
-    if not actors:
-        if rt.settings.in_dev_mode:
-            return DEV_ACTOR
-        raise AdminNotConfigured
-    header = request.headers.get("authorization", "")
-    scheme, _, given = header.partition(" ")
-    if scheme.lower() != "bearer" or not given:
-        raise AdminRequired
-    # Every token is compared (in constant time each), so the time taken tells nothing.
-    named = [
-        name
-        for name, token in actors.items()
-        if hmac.compare_digest(given.encode(), token.get_secret_value().encode())
-    ]
-    if not named:
-        raise AdminForbidden("the admin token is not valid")
-    return named[0]
-
-
-AdminActor = Annotated[str, Depends(require_admin)]
 
 
 def _caller(request: Request, rt: Runtime, body: bytes) -> Caller:
     if rt.settings.in_dev_mode:
-        nonce = request.headers.get("x-nonce") or new_id(utcnow())
+        # A Standard Webhooks sender's webhook-id is its nonce: its retries stay one record.
+        headers = request.headers
+        nonce = headers.get("x-nonce") or headers.get("webhook-id") or new_id(utcnow())
         return Caller(key_id=DEV, nonce=nonce[:MAX_NONCE_LENGTH])
     return verify(
         request.headers,
@@ -191,7 +152,7 @@ def lines(rt: RuntimeDep) -> dict[str, Any]:
     return {"lines": [line_status_view(row) for row in rows]}
 
 
-@router.get("/v1/alerts", responses=errors_doc(*COMMON))
+@router.get("/v1/alerts", dependencies=[Depends(require_admin)], responses=errors_doc(*ADMIN))
 def alerts(
     rt: RuntimeDep,
     limit: Annotated[int, Query(ge=1, le=RECENT_ALERTS)] = 20,
@@ -200,8 +161,9 @@ def alerts(
         Query(description="true: only the alerts of dry runs; false: none of them"),
     ] = None,
 ) -> dict[str, Any]:
-    """The newest alerts first: event, line, time, count, its reason (the message), its
-    figures (numbers and names, never an error's text) and whether a dry run raised it."""
+    """The newest alerts first (admin: they name records, business numbers and actors):
+    event, line, time, count, its reason (the message), its figures (numbers and names,
+    never an error's text) and whether a dry run raised it."""
     try:
         items = recent_alerts(rt.redis)
     except BrokerUnavailable as exc:
@@ -317,9 +279,7 @@ async def post_replay(body: ReplayRequest, actor: AdminActor, rt: RuntimeDep) ->
 )
 async def post_record(line: str, request: Request, rt: RuntimeDep) -> JSONResponse:
     """Journal a record for `line`, then push it onto the line's queue."""
-    body = await read_body(
-        request, limit=rt.settings.max_body_bytes, timeout_s=rt.settings.intake_body_timeout_seconds
-    )
+    body = await request.body()  # read whole, within its limits, by the gate
     caller = _caller(request, rt, body)
     spec = rt.lines.get(line)
     served = rt.settings.intake_lines
@@ -352,24 +312,14 @@ async def post_record(line: str, request: Request, rt: RuntimeDep) -> JSONRespon
         raise NonceReused("this nonce was already used for another line")
     if not result.created and record.body_sha256 != new.body_sha256:
         raise NonceReused("this nonce was already used with a different body")
-    status = result.status
+    ran = await run_in_request(request, rt, spec, record.id) if result.caller_runs else None
+    status = ran or result.status
     outcome = _OUTCOME_BY_STATUS.get(status, IntakeOutcome.ACCEPTED)
     if not result.created:
         outcome = IntakeOutcome.DUPLICATE
-    elif result.caller_runs:
+    elif ran is not None:
         outcome = IntakeOutcome.CALLER_RUN
     rt.telemetry.count(Counter.INTAKE, line=spec.name, outcome=outcome.value)
-    if result.caller_runs:
-        # The line's own limiter: a slow line under caller_runs cannot take the threads
-        # that other lines' requests need (isolation of the lines).
-        limiter = caller_run_limiter(request, spec.name, spec.settings.concurrency)
-        try:
-            ran = await anyio.to_thread.run_sync(
-                functools.partial(run_here, rt, spec, record.id), limiter=limiter
-            )
-        except JournalUnavailable:
-            ran = None  # the record is committed: the sweeper finishes it
-        status = ran or status
     answer = {
         "id": record.id,
         "line": record.line,

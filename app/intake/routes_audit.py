@@ -8,7 +8,8 @@ from fastapi import APIRouter, Depends, Query
 from pydantic import AfterValidator
 
 from app.ids import is_id
-from app.intake.routes import ADMIN, RuntimeDep, Text, errors_doc, require_admin
+from app.intake.admin import require_admin
+from app.intake.routes import ADMIN, RuntimeDep, Text, errors_doc
 from app.journal import audit
 
 router = APIRouter()

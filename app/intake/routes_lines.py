@@ -9,7 +9,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from app.clock import utcnow
-from app.intake.routes import ADMIN, AdminActor, RuntimeDep, Text, errors_doc
+from app.intake.admin import AdminActor
+from app.intake.routes import ADMIN, RuntimeDep, Text, errors_doc
 from app.journal.audit import MAX_REASON_LENGTH
 
 router = APIRouter()

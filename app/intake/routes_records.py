@@ -9,8 +9,9 @@ from fastapi import APIRouter, Depends, Path, Query
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from app.clock import utcnow
-from app.intake.routes import ADMIN, AdminActor, RuntimeDep, Text, UtcTime, errors_doc
-from app.intake.routes import require_admin as _require_admin
+from app.intake.admin import AdminActor
+from app.intake.admin import require_admin as _require_admin
+from app.intake.routes import ADMIN, RuntimeDep, Text, UtcTime, errors_doc
 from app.intake.views import record_view
 from app.journal import store
 from app.journal.audit import MAX_REASON_LENGTH

@@ -11,7 +11,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from app.clock import utcnow
-from app.intake.routes import ADMIN, AdminActor, RuntimeDep, Text, errors_doc, require_admin
+from app.intake.admin import AdminActor, require_admin
+from app.intake.routes import ADMIN, RuntimeDep, Text, errors_doc
 from app.journal.audit import MAX_REASON_LENGTH
 from app.schedules import actions
 from app.schedules import store as schedule_store

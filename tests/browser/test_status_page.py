@@ -69,6 +69,9 @@ def test_status_page_shows_lines_alerts_and_a_dry_run_replay(harness, browser, a
     status = browser.find_element(By.CSS_SELECTOR, '[data-line="status"]').text
     assert "deferred 2" in status
     assert "live workers\n0" in refund
+    # The alerts name records and actors: they wait for the admin token.
+    wait(browser, lambda d: "admin token" in d.find_element(By.ID, "alerts").text, "a token ask")
+    enter_token(browser, ADMIN_TOKEN)
     wait(browser, lambda d: "QUEUE_FULL" in d.find_element(By.ID, "alerts").text, "the alert")
     alert = browser.find_element(By.CSS_SELECTOR, '#alerts [data-event="QUEUE_FULL"]').text
     assert "is full (3/3); policy defer" in alert  # its reason

@@ -140,3 +140,71 @@ def fuzz_operation(operation, mode, base_url: str, outcomes: Counter[int]) -> No
     except Unsatisfiable:
         # An operation that takes no input has no invalid request to make.
         assert mode is GenerationMode.NEGATIVE, operation.label
+
+
+# What a stranger's client gets from an admin endpoint, however its request is made: the
+# refusal, from the headers alone. Each case is sent as it was generated (a valid request
+# or not), without the token, with a wrong one, and with the right one from another
+# site's page.
+STRANGERS = (
+    ({}, 401, "admin_required"),
+    ({"authorization": "Bearer not-the-admin-token"}, 403, "admin_forbidden"),
+)
+CROSS_SITE = {"origin": "http://127.0.0.1:9", "authorization": f"Bearer {ADMIN}"}
+ADMIN_EXAMPLES = 10
+
+
+def is_admin(operation) -> bool:
+    security = operation.definition.raw.get("security", [])
+    return any("adminToken" in requirement for requirement in security)
+
+
+@pytest.mark.long
+@pytest.mark.timeout(240)
+def test_every_admin_endpoint_refuses_fuzzed_requests_without_the_token(fuzz_intake, outcomes):
+    api = schemathesis.openapi.from_url(f"{fuzz_intake}/openapi.json")
+    admin = [op for op in (r.ok() for r in api.get_all_operations()) if is_admin(op)]
+    # Records (list, one, retry, cancel, bulk), replay, audit, schedules, lines, alerts.
+    assert len(admin) >= 12, [op.label for op in admin]
+    for operation in admin:
+        fuzz_as_stranger(operation, fuzz_intake, outcomes)
+
+
+def fuzz_as_stranger(operation, base_url: str, outcomes: Counter[int]) -> None:
+    """Requests that fit the document, each sent as `STRANGERS` (and from another site's
+    page) would send it: each refused by the gate, by the code it names."""
+    refusals = [*STRANGERS]
+    if operation.method.upper() != "GET":
+        refusals.append((CROSS_SITE, 403, "cross_site_request"))
+
+    @given(case=operation.as_strategy(generation_mode=GenerationMode.POSITIVE))
+    @settings(
+        max_examples=ADMIN_EXAMPLES,
+        deadline=None,
+        database=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+    )
+    def fuzz(case):
+        kwargs = case.as_transport_kwargs(base_url=base_url)
+        content = json.dumps(kwargs["json"]).encode() if "json" in kwargs else b""
+        sent = {
+            k: str(v)
+            for k, v in (kwargs.get("headers") or {}).items()
+            if k.lower() != "authorization"
+        }
+        if content:
+            sent["content-type"] = "application/json"
+        for headers, status, code in refusals:
+            response = httpx.request(
+                kwargs["method"],
+                kwargs["url"],
+                params=kwargs.get("params"),
+                content=content,
+                headers={**sent, **headers},
+                timeout=30,
+            )
+            outcomes[response.status_code] += 1
+            assert response.status_code == status, f"{operation.label}: {response.text}"
+            assert response.json()["error"]["code"] == code, operation.label
+
+    fuzz()

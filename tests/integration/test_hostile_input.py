@@ -1,7 +1,7 @@
 """Hostile requests at the socket level, against `pipeline intake` as it is deployed (its
 uvicorn limits included): headers with CR, headers without end or sent too slowly, a
-Content-Length that lies, a client sending a byte a second, more requests in flight than
-allowed; and signatures and nonces that must not work."""
+Content-Length that lies, a client sending a byte a second; and signatures and nonces that
+must not work. (More requests in flight than allowed: tests/integration/test_hostile_clients.py.)"""
 
 from __future__ import annotations
 
@@ -377,44 +377,6 @@ def test_a_client_sending_a_byte_a_second_is_cut_off_and_others_are_served(harne
     assert answers, "the slow client got no answer"
     assert status_of(answers[0]) == 408
     assert [r.business_no for r in harness.records()] == ["FAST-1"]
-
-
-def test_requests_past_the_in_flight_limit_get_503_with_retry_after(harness, intake):
-    head = request_head(signed_headers(KEY_ID, SECRET, BODY), length=len(BODY))
-    held = [socket.create_connection(("127.0.0.1", intake), timeout=10) for _ in range(2)]
-    try:
-        for sock in held:
-            sock.sendall(head + BODY[:5])  # the rest never comes: each holds a slot
-
-        def both_slots_held() -> bool:
-            # A request that changes nothing; the limit answers it before any route would.
-            probe = httpx.get(f"http://127.0.0.1:{intake}/v1/lines", timeout=5)
-            return probe.status_code == 503
-
-        wait_for(both_slots_held, timeout_s=10, what="the two slow requests to hold both slots")
-        body = b'{"business_no": "THIRD"}'
-        third = httpx.post(
-            f"http://127.0.0.1:{intake}/v1/order",
-            content=body,
-            headers=signed_headers(KEY_ID, SECRET, body),
-            timeout=5,
-        )
-        assert third.status_code == 503
-        assert third.json()["error"]["code"] == "overloaded"
-        assert third.headers["retry-after"] == "1"
-        assert httpx.get(f"http://127.0.0.1:{intake}/healthz", timeout=5).status_code == 200
-        assert [status_of(_read_answer(sock)) for sock in held] == [408, 408]
-    finally:
-        for sock in held:
-            sock.close()
-    after = httpx.post(
-        f"http://127.0.0.1:{intake}/v1/order",
-        content=BODY,
-        headers=signed_headers(KEY_ID, SECRET, BODY),
-        timeout=5,
-    )
-    assert after.status_code == 202
-    assert harness.record_count() == 1
 
 
 def test_a_signature_made_with_another_keys_secret_tells_nothing_more(harness, intake):

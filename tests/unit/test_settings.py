@@ -317,3 +317,10 @@ def test_delivery_limits_and_priority_out_of_range_are_refused(monkeypatch, name
     monkeypatch.setenv(name, value)
     with pytest.raises(ConfigError, match=name):
         load_settings()
+
+
+@pytest.mark.parametrize("name", ["replay", "records", "alerts"])
+def test_a_line_named_after_one_of_the_intakes_own_paths_is_refused(monkeypatch, name):
+    monkeypatch.setenv(f"PIPELINE_LINES__{name.upper()}__DOWNSTREAM_URL", "http://127.0.0.1:9/in")
+    with pytest.raises(ConfigError, match=f"line name '{name}' is one of the intake's own paths"):
+        load_settings()
