@@ -133,6 +133,7 @@ class Runtime:
                 limits=DeliveryLimits(client),
                 circuits=circuits,
                 tracing=tracing,
+                paused=paused,
                 lease_s=settings.lease_seconds,
             ),
             sweeper=Sweeper(

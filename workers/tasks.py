@@ -125,7 +125,8 @@ def process(self: Task[Any, Any], record_ids: str | list[str]) -> str | list[str
         if line is not None and rt.paused.is_paused(line.name):
             # No attempt starts: the records wait in the journal (`deferred`), and the
             # message is acked; the sweeper pushes them after the resume.
-            held = hold_back(rt.journal, ids, now=utcnow())
+            with rt.journal.transaction("holding back records of a paused line") as conn:
+                held = hold_back(conn, ids, now=utcnow())
             log.info("records_held_line_paused", line=line.name, record_ids=ids[:10], held=held)
             found = [AttemptResult(record_id=record_id) for record_id in ids]
         elif len(ids) > 1 and line is not None and line.table_sink:

@@ -6,8 +6,10 @@ Closed, each delivery's outcome is counted in per-second buckets over the line's
 failed (a 5xx or 429 answer, a timeout, no connection), the circuit opens: no delivery
 starts but one probe at a time, one every `circuit_probe_interval_s`; the records wait as
 `failed`, their next attempt pushed out, and their attempts are not spent. A delivery that
-succeeds while the circuit is open (the probe, or one that started before it opened)
-closes it, and the window starts again empty."""
+is delivered while the circuit is open (the probe, or one that started before it opened)
+closes it, and the window starts again empty. An answer that refuses one record (a 4xx
+but 429) says nothing of the downstream's health, either way: it is not counted, never
+closes the circuit, and a probe that got one leaves the next probe free to go at once."""
 
 from __future__ import annotations
 
@@ -40,6 +42,22 @@ class State(StrEnum):
     OPEN = "open"
 
 
+class Health(StrEnum):
+    """What a delivery's outcome says of its downstream."""
+
+    UP = "up"  # delivered (an answer among the line's delivered statuses)
+    DOWN = "down"  # no answer (a timeout, no connection), a 5xx or a 429
+    UNSAID = "unsaid"  # another answer: the downstream is up, and refused that one record
+
+
+def health_of(*, delivered: bool, http_status: int | None) -> Health:
+    """What a delivery that was (or was not) `delivered`, answered `http_status` (None:
+    no answer), says of its downstream."""
+    if delivered:
+        return Health.UP
+    return Health.DOWN if counts_against(http_status) else Health.UNSAID
+
+
 class Change(StrEnum):
     """What an outcome did to the circuit."""
 
@@ -48,14 +66,15 @@ class Change(StrEnum):
     CLOSED = "closed"
 
 
-# KEYS: circuit, ok buckets, failed buckets. ARGV: 1 ok (1/0), 2 window s, 3 min attempts,
-# 4 probe interval ms, 5 owner (the probe's, or "").
+# KEYS: circuit, ok buckets, failed buckets. ARGV: 1 health (up/down/unsaid), 2 window s,
+# 3 min attempts, 4 probe interval ms, 5 owner (the probe's, or "").
 # Returns {change, state, failed in window, counted in window}.
 _OUTCOME = """
 local now = redis.call('TIME')
 local now_ms = now[1] * 1000 + math.floor(now[2] / 1000)
 local sec = now[1]
-local ok = ARGV[1] == '1'
+local health = ARGV[1]
+local ok = health == 'up'
 local window = tonumber(ARGV[2])
 local state = redis.call('HGET', KEYS[1], 'state') or 'closed'
 if state == 'open' then
@@ -65,10 +84,13 @@ if state == 'open' then
   end
   if ARGV[5] ~= '' and redis.call('HGET', KEYS[1], 'probe') == ARGV[5] then
     redis.call('HDEL', KEYS[1], 'probe', 'probe_until_ms')
-    redis.call('HSET', KEYS[1], 'next_probe_ms', now_ms + tonumber(ARGV[4]))
+    if health == 'down' then
+      redis.call('HSET', KEYS[1], 'next_probe_ms', now_ms + tonumber(ARGV[4]))
+    end
   end
   return {'none', 'open', 0, 0}
 end
+if health == 'unsaid' then return {'none', 'closed', 0, 0} end
 redis.call('HINCRBY', ok and KEYS[2] or KEYS[3], sec, 1)
 redis.call('EXPIRE', KEYS[2], window + 5)
 redis.call('EXPIRE', KEYS[3], window + 5)
@@ -183,14 +205,16 @@ class Circuits:
             raise BrokerUnavailable(f"the circuit of {line}: {exc}") from exc
         return Verdict(admission=Admission(_text(admission)), wait_s=int(wait_ms) / 1000)
 
-    def count(self, line: str, settings: LineSettings, *, ok: bool, owner: str = "") -> Counted:
-        """Count a delivery's outcome (`owner`: the probe's, when it was one). Raises
-        `BrokerUnavailable`."""
+    def count(
+        self, line: str, settings: LineSettings, *, health: Health, owner: str = ""
+    ) -> Counted:
+        """Count what a delivery's outcome says of the downstream (`owner`: the probe's,
+        when it was one). Raises `BrokerUnavailable`."""
         try:
             change, state, failed, counted = self._outcome(
                 keys=[key.format(line=line) for key in (CIRCUIT_KEY, OK_KEY, FAILED_KEY)],
                 args=[
-                    1 if ok else 0,
+                    health.value,
                     math.ceil(settings.circuit_window_s),
                     settings.circuit_min_attempts,
                     math.ceil(settings.circuit_probe_interval_s * 1000),

@@ -43,6 +43,7 @@ from app.delivery.outcomes import (
     http_status_of,
     log_skipped,
 )
+from app.delivery.paused import PausedLines, hold_back
 from app.delivery.shared_commits import SharedCommits
 from app.delivery.sinks import deliver_http
 from app.delivery.slots import DeliverySlots
@@ -89,9 +90,11 @@ class ConcurrentDeliveries:
         limits: DeliveryLimits,
         circuits: Circuits,
         tracing: Tracing,
+        paused: PausedLines,
         lease_s: float,
     ) -> None:
         self._commits = SharedCommits(journal)
+        self._paused = paused
         self._http = http
         self._telemetry = telemetry
         self._alerts = alerts
@@ -148,6 +151,12 @@ class ConcurrentDeliveries:
         started = 0
         waiting = list(to_run)
         while waiting:
+            if self._paused.is_paused(line.name):
+                # Paused while the message ran: what it has not claimed waits (`deferred`).
+                self._hold_back(waiting, message)
+                if probe and ids[0] in waiting:
+                    self._circuits.drop_probe(line.name, probe)
+                break
             # Claimed only as threads come free: a claimed record's delivery starts at once.
             free = slots.take(len(waiting), timeout_s=self._gates.limit_wait_s())
             if free == 0:
@@ -173,6 +182,14 @@ class ConcurrentDeliveries:
             started += len(claimed)
         self._collect(landed, started, message, results)
         return [results[record_id] for record_id in ids]
+
+    def _hold_back(self, ids: list[str], message: _Message) -> None:
+        now = message.clock()
+        held = self._commits.run(
+            f"holding back {len(ids)} records of a paused line",
+            lambda conn: hold_back(conn, ids, now=now),
+        )
+        log.info("records_held_line_paused", line=message.line.name, record_ids=ids[:10], held=held)
 
     def _claim(self, to_run: list[str], message: _Message) -> list[Record]:
         """Claim an attempt of each of `to_run`, in one transaction; say why of the others."""

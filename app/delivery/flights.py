@@ -12,13 +12,14 @@ from datetime import datetime, timedelta
 from sqlalchemy import Connection
 
 from app.delivery.backoff import decide
-from app.delivery.circuit import Counted, State
+from app.delivery.circuit import Counted, State, counts_against
 from app.delivery.outcomes import (
     AttemptResult,
     attempt_row,
     failure_outcome,
     log_lease_lost,
     report_dead,
+    retry_after_of,
 )
 from app.journal import attempts
 from app.journal.attempt_log import Attempt, Outcome
@@ -106,22 +107,30 @@ def record_outcome(
     else:
         error = f"{type(flight.error).__name__}: {flight.error}"
         circuit = counted.get(record.id)
-        if circuit is not None and circuit.state is State.OPEN:
-            # The downstream is down, not the record: the attempt does not count.
+        # Not before the downstream asked (a 429 or 503 with Retry-After).
+        asked = timedelta(seconds=retry_after_of(flight.error) or 0.0)
+        if (
+            circuit is not None
+            and circuit.state is State.OPEN
+            and counts_against(flight.http_status)
+        ):
+            # The downstream is down, not the record: the attempt does not count. (A
+            # refusal of the record itself, a 4xx, spends its attempt, open or not.)
             wait_s = line.settings.circuit_probe_interval_s + rng.uniform(0, POSTPONE_SPREAD)
             moved = attempts.give_back(
                 conn,
                 record,
                 owner=owner,
                 error=f"{error} (not counted: the circuit of {line.name} is open)",
-                retry_at=now + timedelta(seconds=wait_s),
+                retry_at=now + max(timedelta(seconds=wait_s), asked),
                 now=now,
             )
             status = RecordStatus.FAILED
         else:
             decision = decide(record.attempts, policy=line.settings, now=now, rng=rng)
+            next_at = None if decision.dead else max(decision.retry_at or now, now + asked)
             moved = attempts.mark_failed(
-                conn, record, owner=owner, error=error, retry_at=decision.retry_at, now=now
+                conn, record, owner=owner, error=error, retry_at=next_at, now=now
             )
             status = RecordStatus.DEAD if decision.dead else RecordStatus.FAILED
         outcome = failure_outcome(flight.error) if moved else Outcome.LEASE_LOST

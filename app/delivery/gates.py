@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 
-from app.delivery.circuit import Admission, Change, Circuits, Counted, counts_against
+from app.delivery.circuit import Admission, Change, Circuits, Counted, health_of
 from app.delivery.flights import Flight
 from app.delivery.limits import DeliveryLimits
 from app.errors import BrokerUnavailable
@@ -91,9 +91,11 @@ class DeliveryGates:
         """Count a delivery's outcome in its line's circuit; alert when it opened it."""
         if flight.not_started is not None or not flight.counts:
             return None
-        ok = flight.error is None or not counts_against(flight.http_status)
+        health = health_of(delivered=flight.error is None, http_status=flight.http_status)
         try:
-            counted = self._circuits.count(line.name, line.settings, ok=ok, owner=flight.probe)
+            counted = self._circuits.count(
+                line.name, line.settings, health=health, owner=flight.probe
+            )
         except BrokerUnavailable as exc:
             log.warning("circuit_uncounted", line=line.name, error=str(exc))
             return None

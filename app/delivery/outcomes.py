@@ -53,6 +53,12 @@ def failure_outcome(exc: BaseException) -> Outcome:
     return Outcome.FAILED
 
 
+def retry_after_of(exc: BaseException) -> float | None:
+    """The seconds a failed delivery's downstream asked to wait (`Retry-After`), if any."""
+    value = exc.details.get("retry_after_s") if isinstance(exc, DeliveryFailed) else None
+    return float(value) if isinstance(value, int | float) else None
+
+
 def http_status_of(exc: BaseException) -> int | None:
     """The downstream's HTTP status a failed delivery carries, if it got an answer."""
     status = exc.details.get("http_status") if isinstance(exc, DeliveryFailed) else None

@@ -12,6 +12,8 @@ import time
 from collections.abc import Callable, Sequence
 from datetime import datetime
 
+from sqlalchemy import Connection
+
 from app.errors import JournalUnavailable
 from app.journal import pauses, store
 from app.journal.journal import Journal
@@ -69,14 +71,12 @@ class PausedLines:
         return found
 
 
-def hold_back(journal: Journal, record_ids: Sequence[str], *, now: datetime) -> int:
-    """A worker took the message of `record_ids` from a paused line's queue: no attempt
-    starts, and each record that is not in flight elsewhere waits in the journal as
-    `deferred` (from `enqueued`, as a push that did not lead to an attempt; from
-    `received`, as a push the intake has not recorded yet), for the sweeper to push after
-    the resume, oldest first. Final or failed records, and those under a live lease, are
-    left as they are. Returns how many were moved. Raises `JournalUnavailable`."""
-    with journal.transaction("holding back records of a paused line") as conn:
-        moved = store.move(conn, record_ids, Event.NOT_PUSHED, now=now)
-        moved += store.move(conn, record_ids, Event.DEFERRED, now=now)
-    return moved
+def hold_back(conn: Connection, record_ids: Sequence[str], *, now: datetime) -> int:
+    """A worker took the message of `record_ids` from a paused line's queue (or its line
+    was paused while the message ran): no attempt of them starts, and each record that is
+    not in flight elsewhere waits in the journal as `deferred` (from `enqueued`, as a push
+    that did not lead to an attempt; from `received`, as a push the intake has not recorded
+    yet), for the sweeper to push after the resume, oldest first. Final or failed records,
+    and those under a live lease, are left as they are. Returns how many were moved."""
+    moved = store.move(conn, record_ids, Event.NOT_PUSHED, now=now)
+    return moved + store.move(conn, record_ids, Event.DEFERRED, now=now)

@@ -12,11 +12,12 @@
 
 from __future__ import annotations
 
+import email.utils
 import json
 import time
 import urllib.parse
 from collections.abc import Callable, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx
@@ -40,6 +41,9 @@ TABLES: dict[str, Table] = {
 # The shared client's timeout, for what names none of its own (replay's check URL); the
 # HTTP sink's POST takes its line's `delivery_timeout_s`.
 HTTP_TIMEOUT_S = 10.0
+# The longest wait a downstream's `Retry-After` is honoured for: the record's next attempt
+# is due no later than this, whatever a downstream asks (a date years ahead included).
+MAX_RETRY_AFTER_S = 3600.0
 
 
 # The HTTP sink's client's pool: kept-alive connections for the most deliveries a line
@@ -152,10 +156,35 @@ def deliver_http(
     except httpx.HTTPError as exc:
         raise DeliveryFailed(f"POST {shown}: {type(exc).__name__}") from exc
     if response.status_code not in delivered:
+        retry_after_s = retry_after(response, now_s=clock())
+        if retry_after_s is not None:
+            raise DeliveryFailed(
+                f"POST {shown}: HTTP {response.status_code}, Retry-After {retry_after_s:g} s",
+                http_status=response.status_code,
+                retry_after_s=retry_after_s,
+            )
         raise DeliveryFailed(
             f"POST {shown}: HTTP {response.status_code}", http_status=response.status_code
         )
     return response.status_code
+
+
+def retry_after(response: httpx.Response, *, now_s: float) -> float | None:
+    """The seconds a 429 or 503 answer asks to wait (`Retry-After`: seconds, or an HTTP
+    date), at most `MAX_RETRY_AFTER_S`; None for another answer, or one that asks nothing
+    (or nothing readable)."""
+    if response.status_code not in (429, 503):
+        return None
+    value = response.headers.get("retry-after", "").strip()
+    if value.isascii() and value.isdigit():
+        return min(float(value), MAX_RETRY_AFTER_S)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:  # an HTTP date is GMT
+        when = when.replace(tzinfo=UTC)
+    return min(max(0.0, when.timestamp() - now_s), MAX_RETRY_AFTER_S)
 
 
 def _body(record: Record) -> bytes:

@@ -6,7 +6,15 @@ import time
 
 import pytest
 
-from app.delivery.circuit import Admission, Change, Circuits, State, counts_against
+from app.delivery.circuit import (
+    Admission,
+    Change,
+    Circuits,
+    Health,
+    State,
+    counts_against,
+    health_of,
+)
 from app.line_settings import LineSettings
 
 pytestmark = pytest.mark.journal_independent
@@ -24,13 +32,42 @@ def test_what_counts_against_the_downstream() -> None:
     assert not counts_against(409)
 
 
+def test_only_a_delivery_says_up_and_a_refusal_says_nothing() -> None:
+    assert health_of(delivered=True, http_status=200) is Health.UP
+    assert health_of(delivered=True, http_status=409) is Health.UP  # a line that says so
+    assert health_of(delivered=False, http_status=None) is Health.DOWN
+    assert health_of(delivered=False, http_status=503) is Health.DOWN
+    assert health_of(delivered=False, http_status=429) is Health.DOWN
+    assert health_of(delivered=False, http_status=422) is Health.UNSAID
+    assert health_of(delivered=False, http_status=409) is Health.UNSAID
+
+
+def test_a_refusal_is_not_counted_and_closes_no_circuit_and_frees_the_probe(harness):
+    circuits = Circuits(harness.runtime().redis)
+    for _ in range(20):  # closed: refusals count neither way
+        assert circuits.count("r", SETTINGS, health=Health.UNSAID).counted == 0
+    for _ in range(9):
+        circuits.count("r", SETTINGS, health=Health.DOWN)
+    opened = circuits.count("r", SETTINGS, health=Health.DOWN)
+    assert (opened.change, opened.counted) == (Change.OPENED, 10)
+    time.sleep(1.1)  # the probe interval
+    assert circuits.admit("r", owner="x", probe_lifetime_s=30).admission is Admission.PROBE
+    refused = circuits.count("r", SETTINGS, health=Health.UNSAID, owner="x")
+    assert (refused.change, refused.state) == (Change.NONE, State.OPEN)
+    assert circuits.state("r").state is State.OPEN
+    # It said nothing of the downstream: the next probe goes at once.
+    assert circuits.admit("r", owner="y", probe_lifetime_s=30).admission is Admission.PROBE
+    closed = circuits.count("r", SETTINGS, health=Health.UP, owner="y")
+    assert (closed.change, closed.state) == (Change.CLOSED, State.CLOSED)
+
+
 def test_it_opens_when_most_of_enough_deliveries_failed_and_a_success_closes_it(harness):
     circuits = Circuits(harness.runtime().redis)
     for _ in range(5):
-        assert circuits.count("a", SETTINGS, ok=True).change is Change.NONE
+        assert circuits.count("a", SETTINGS, health=Health.UP).change is Change.NONE
     for _ in range(5):  # half failed: not most
-        assert circuits.count("a", SETTINGS, ok=False).state is State.CLOSED
-    opened = circuits.count("a", SETTINGS, ok=False)  # 6 of 11
+        assert circuits.count("a", SETTINGS, health=Health.DOWN).state is State.CLOSED
+    opened = circuits.count("a", SETTINGS, health=Health.DOWN)  # 6 of 11
     assert (opened.change, opened.state, opened.failed, opened.counted) == (
         Change.OPENED,
         State.OPEN,
@@ -39,30 +76,30 @@ def test_it_opens_when_most_of_enough_deliveries_failed_and_a_success_closes_it(
     )
     assert circuits.state("a").state is State.OPEN
     assert circuits.state("b").state is State.CLOSED  # lines are apart
-    closed = circuits.count("a", SETTINGS, ok=True)
+    closed = circuits.count("a", SETTINGS, health=Health.UP)
     assert (closed.change, closed.state) == (Change.CLOSED, State.CLOSED)
     # The window starts again empty: five failures are not enough to open it again.
     for _ in range(5):
-        assert circuits.count("a", SETTINGS, ok=False).state is State.CLOSED
+        assert circuits.count("a", SETTINGS, health=Health.DOWN).state is State.CLOSED
 
 
 def test_too_few_deliveries_never_open_it(harness):
     circuits = Circuits(harness.runtime().redis)
     for _ in range(9):
-        assert circuits.count("few", SETTINGS, ok=False).state is State.CLOSED
+        assert circuits.count("few", SETTINGS, health=Health.DOWN).state is State.CLOSED
 
 
 def test_one_probe_at_a_time_and_the_next_one_after_the_interval(harness):
     circuits = Circuits(harness.runtime().redis)
     for _ in range(10):
-        circuits.count("p", SETTINGS, ok=False)
+        circuits.count("p", SETTINGS, health=Health.DOWN)
     assert circuits.admit("p", owner="x", probe_lifetime_s=30).admission is Admission.WAIT
     time.sleep(1.1)  # the probe interval
     assert circuits.admit("p", owner="x", probe_lifetime_s=30).admission is Admission.PROBE
     assert circuits.state("p").probing
     assert circuits.admit("p", owner="y", probe_lifetime_s=30).admission is Admission.WAIT
     # The probe failed: no other goes before another interval.
-    assert circuits.count("p", SETTINGS, ok=False, owner="x").state is State.OPEN
+    assert circuits.count("p", SETTINGS, health=Health.DOWN, owner="x").state is State.OPEN
     assert not circuits.state("p").probing
     assert circuits.admit("p", owner="y", probe_lifetime_s=30).admission is Admission.WAIT
     time.sleep(1.1)

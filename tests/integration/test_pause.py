@@ -13,6 +13,7 @@ from app.delivery.paused import hold_back
 from app.journal import attempts, audit, store
 from app.journal.models import RecordStatus, Source
 from app.journal.store import NewRecord
+from tests.support.downstream import Gauged
 from tests.support.journal import journal_records
 from tests.support.metrics import metric, samples
 from tests.support.processes import wait_for
@@ -115,7 +116,8 @@ def test_a_paused_line_is_deferred_at_intake_swept_by_nobody_and_held_back_by_wo
 
     # A worker took records of a paused line: enqueued and received ones wait in the
     # journal; one in flight under another attempt's lease is left to that attempt.
-    held = hold_back(rt.journal, [store_id(n) for n in range(4)], now=utcnow())
+    with rt.journal.transaction("holding back") as conn:
+        held = hold_back(conn, [store_id(n) for n in range(4)], now=utcnow())
     assert held == 3
     # The intake journals new records of the paused line as deferred, pushing nothing.
     accepted = rt.acceptor.accept(_new("order", 10), clock=utcnow)
@@ -275,3 +277,45 @@ def test_messages_on_a_paused_lines_queue_are_held_back_by_two_real_workers(harn
     runs = runs_by_record(log)
     assert set(runs) == set(ids)
     assert {len(spans) for spans in runs.values()} == {1}, "a record ran twice"
+
+
+def test_a_pause_stops_a_message_already_running_from_claiming_more(harness):
+    """One message of 20 records on a line with two delivery threads toward a downstream
+    that takes a second: a pause in the middle stops its claims within 2 s; what it had
+    not claimed waits, and is delivered after the resume, each record once."""
+    downstream = Gauged(delay_s=1.0).start()
+    try:
+        harness.configure(
+            lines__shipment__downstream_url=f"{downstream.url}/in",
+            lines__shipment__delivery_threads="2",
+            lines__shipment__batch_size="20",
+            sweep_interval_seconds="0.5",
+        )
+        client = harness.start_intake()
+        assert client.post("/v1/lines/shipment/pause").is_success
+        ids = {
+            client.post("/v1/shipment", json={"business_no": f"RUN-{n}"}).json()["id"]
+            for n in range(20)
+        }
+        harness.start_worker("shipment", pool=None, concurrency=None)
+        harness.start_beat()
+        assert client.post("/v1/lines/shipment/resume").is_success
+        wait_for(lambda: len(downstream.arrivals) >= 2, timeout_s=30, what="deliveries")
+        assert client.post("/v1/lines/shipment/pause").is_success
+        paused_at = time.time()
+        time.sleep(TAKES_HOLD_S + 3)  # the pause's time to hold, and two more deliveries' worth
+        late = [at for at, _attempt in downstream.arrivals if at > paused_at + TAKES_HOLD_S]
+        assert late == [], f"{len(late)} deliveries started more than 2 s after the pause"
+        delivered = len(downstream.arrivals)
+        assert delivered < 20
+        waiting = [r for r in harness.records() if r.status is not RecordStatus.DONE]
+        assert len(waiting) == 20 - delivered
+        assert {r.status for r in waiting} == {RecordStatus.DEFERRED}
+
+        assert client.post("/v1/lines/shipment/resume").is_success
+        final = harness.wait_until_final(ids, timeout_s=60)
+        assert {r.status for r in final.values()} == {RecordStatus.DONE}
+        keys = sorted(r.headers["Idempotency-Key"] for r in downstream.snapshot())
+        assert keys == sorted(ids)
+    finally:
+        downstream.stop()

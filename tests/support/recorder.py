@@ -142,6 +142,10 @@ class _SmallServer:
     def answer(self, method: str, received: Received) -> int:
         raise NotImplementedError
 
+    def headers_for(self, received: Received) -> dict[str, str]:
+        """Headers to answer `received` with, beside its status (none by default)."""
+        return {}
+
     def start(self) -> _SmallServer:
         owner = self
 
@@ -163,6 +167,8 @@ class _SmallServer:
                     owner.received.append(received)
                 try:
                     self.send_response(status)
+                    for name, value in owner.headers_for(received).items():
+                        self.send_header(name, value)
                     self.send_header("content-length", "0")
                     self.end_headers()
                 except OSError:
