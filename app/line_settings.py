@@ -53,8 +53,8 @@ class LineSettings(BaseModel):
     # (`webhook-id`, `webhook-timestamp`, `webhook-signature`), so a downstream can check it
     # with any Standard Webhooks library. Unset: deliveries are not signed.
     signing_secret: SecretStr | None = None
-    # A downstream that has not answered within this (per phase: connect, send, read) is a
-    # failed attempt, retried later.
+    # A delivery's one deadline, from connect to the answer's last byte: a downstream that
+    # has not answered whole within it is a failed attempt, retried later.
     delivery_timeout_s: float = Field(default=10.0, gt=0, le=600)
     # Deliveries one worker process keeps in flight (HTTP sink): the records of a message
     # go out concurrently, each with its own lease, attempt and outcome. It is also the
@@ -138,3 +138,21 @@ class LineSettings(BaseModel):
         if self.downstream_url:
             return Sink(kind=SinkKind.HTTP)
         return Sink(kind=SinkKind.TABLE, table=DEFAULT_SINK_TABLE)
+
+
+# The longest a claimed record waits for room under its line's limits before it is given
+# back: a quarter of its lease, and this at most (the message ends well within its lease).
+MAX_LIMIT_WAIT_S = 30.0
+
+
+def limit_wait_s(lease_s: float) -> float:
+    """The longest a delivery waits for room under its line's limits, for a lease of
+    `lease_s`."""
+    return min(MAX_LIMIT_WAIT_S, lease_s / 4)
+
+
+def longest_delivery_s(settings: LineSettings, *, lease_s: float) -> float:
+    """The longest one delivery of a line takes, from its claim: its wait for room, then
+    its request, whose one deadline (`delivery_timeout_s`) runs from connect to last byte,
+    and a second's margin."""
+    return limit_wait_s(lease_s) + settings.delivery_timeout_s + 1

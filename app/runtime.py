@@ -21,7 +21,7 @@ from app.delivery.paused import PausedLines
 from app.delivery.pausing import LinePauser
 from app.delivery.push import Pusher
 from app.delivery.runner import AttemptRunner
-from app.delivery.sinks import HTTP_LIMITS, make_http_client
+from app.delivery.sinks import deadline_transport, make_http_client
 from app.delivery.traced_http import TracedTransport
 from app.journal.engine import make_engine
 from app.journal.journal import Journal
@@ -87,9 +87,7 @@ class Runtime:
         journal = Journal(engine)
         pusher = Pusher(client, tracing=tracing)
         http = make_http_client(
-            TracedTransport(httpx.HTTPTransport(limits=HTTP_LIMITS), tracing=tracing)
-            if tracing.enabled
-            else None
+            TracedTransport(deadline_transport(), tracing=tracing) if tracing.enabled else None
         )
         alerts = Alerter(settings, clock=utcnow, telemetry=telemetry)
         paused = PausedLines(journal)

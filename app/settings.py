@@ -39,8 +39,9 @@ from app.credentials import (
 )
 from app.database_url import check_database_url
 from app.errors import ConfigError
-from app.line_settings import LineSettings
+from app.line_settings import LineSettings, limit_wait_s, longest_delivery_s
 from app.redis_url import check_redis_url
+from app.sink_settings import SinkKind
 
 ENV_PREFIX = "PIPELINE_"
 LINE_NAME = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
@@ -286,6 +287,26 @@ class Settings(BaseSettings):
                 "PIPELINE_STUCK_AFTER_SECONDS must be at least twice "
                 "PIPELINE_VISIBILITY_TIMEOUT_SECONDS"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _deliveries_within_their_lease(self) -> Settings:
+        # A delivery that outlives its lease may meet a second attempt of its record (the
+        # lease lapsed, the record was taken again): its longest run must end before the
+        # lease does.
+        lease_s = self.lease_seconds
+        for name, line in self.lines.items():
+            if line.resolved_sink.kind is not SinkKind.HTTP:
+                continue  # its timeout bounds no request
+            longest_s = longest_delivery_s(line, lease_s=lease_s)
+            if longest_s >= lease_s:
+                raise ValueError(
+                    f"PIPELINE_LINES__{name.upper()}__DELIVERY_TIMEOUT_S "
+                    f"({line.delivery_timeout_s:g} s) lets a delivery outlive its lease: with "
+                    f"its wait for room ({limit_wait_s(lease_s):g} s) it may take "
+                    f"{longest_s:g} s, and the lease is {lease_s:g} s (95 % of "
+                    f"PIPELINE_VISIBILITY_TIMEOUT_SECONDS); raise that, or lower this"
+                )
         return self
 
     @model_validator(mode="after")

@@ -11,16 +11,13 @@ from app.delivery.circuit import Admission, Change, Circuits, Counted, health_of
 from app.delivery.flights import Flight
 from app.delivery.limits import DeliveryLimits
 from app.errors import BrokerUnavailable
+from app.line_settings import limit_wait_s, longest_delivery_s
 from app.lines import Line
 from app.logs import get_logger
 from app.observe.alerts import Alerter
 from app.observe.events import Event
 
 log = get_logger(__name__)
-
-# The longest a claimed record waits for its line's limits before it is given back
-# (a quarter of its lease at most, so the message ends well within its time limit).
-MAX_LIMIT_WAIT_S = 30.0
 
 
 class DeliveryGates:
@@ -43,13 +40,12 @@ class DeliveryGates:
         self._limits.release(line.name, slot)
 
     def longest_delivery_s(self, line: Line) -> float:
-        """The longest one delivery may take: its limits' wait, then its request's phases
-        (connect, send, read)."""
-        return self.limit_wait_s() + 3 * line.settings.delivery_timeout_s + 1
+        """The longest one delivery may take: its limits' wait, then its request."""
+        return longest_delivery_s(line.settings, lease_s=self._lease_s)
 
     def limit_wait_s(self) -> float:
         """The longest a delivery waits for room before its record is given back."""
-        return min(MAX_LIMIT_WAIT_S, self._lease_s / 4)
+        return limit_wait_s(self._lease_s)
 
     def ask_circuit(self, owner: str, line: Line) -> tuple[str, float]:
         """(`owner`, 0) when this delivery is the circuit's probe, ("", 0) when it may go,
@@ -73,7 +69,7 @@ class DeliveryGates:
             return None, None
         budget = self.limit_wait_s()
         began = time.monotonic()
-        lifetime = 3 * settings.delivery_timeout_s + 1
+        lifetime = settings.delivery_timeout_s + 1  # the request's one deadline, and a margin
         while True:
             try:
                 grant = self._limits.ask(line.name, settings, lifetime_s=lifetime)

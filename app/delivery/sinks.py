@@ -8,18 +8,28 @@
   `X-Attempt: <attempt number>`, signed as Standard Webhooks do when the line has a
   `signing_secret`;
   an answer among the line's `delivered_statuses` (2xx by default) is delivered, anything
-  else (or no answer within the line's `delivery_timeout_s`) is a failed attempt."""
+  else (or no answer within the line's `delivery_timeout_s`) is a failed attempt.
+
+A delivery has one deadline: `delivery_timeout_s` bounds its request from connect to last
+byte, however the downstream trickles its answer. httpx's timeouts are per phase and per
+read (a byte every few seconds would keep a request open for ever), so the HTTP sink's
+transport reads and writes through a network backend that cuts every step short at the
+deadline of the request its thread is making (`deadline`)."""
 
 from __future__ import annotations
 
+import contextlib
 import email.utils
 import json
+import ssl
+import threading
 import time
 import urllib.parse
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+import httpcore
 import httpx
 from pydantic import SecretStr
 from sqlalchemy import Connection, Table, bindparam, select
@@ -142,7 +152,7 @@ def deliver_http(
     (the record id), `webhook-timestamp` (`clock()`, at this attempt) and
     `webhook-signature`. Returns the answer's status code. Raises `DeliveryFailed` (with
     the `http_status` of the answer, if any) unless that code is in `delivered`, or when
-    none came within `timeout_s` (per phase: connect, send, read)."""
+    none came within `timeout_s`, one deadline from connect to last byte."""
     content = _body(record)
     headers = _headers(record)
     if signing_secret is not None:
@@ -152,7 +162,8 @@ def deliver_http(
         )
     shown = redact_url(url)
     try:
-        response = client.post(url, content=content, headers=headers, timeout=timeout_s)
+        with deadline(timeout_s):
+            response = client.post(url, content=content, headers=headers, timeout=timeout_s)
     except httpx.HTTPError as exc:
         raise DeliveryFailed(f"POST {shown}: {type(exc).__name__}") from exc
     if response.status_code not in delivered:
@@ -215,6 +226,108 @@ def redact_url(url: str) -> str:
     return urllib.parse.urlunsplit((parts.scheme, f"{host}{port}", parts.path, "", ""))
 
 
+class _Deadlines(threading.local):
+    """The deadline (monotonic seconds) of the request this thread is making, if any."""
+
+    at_s: float | None = None
+
+
+_DEADLINES = _Deadlines()
+
+
+@contextlib.contextmanager
+def deadline(timeout_s: float) -> Iterator[None]:
+    """Every network step of the requests this thread makes within the block (through a
+    `deadline_transport`) ends `timeout_s` from now at the latest."""
+    previous = _DEADLINES.at_s
+    _DEADLINES.at_s = time.monotonic() + timeout_s
+    try:
+        yield
+    finally:
+        _DEADLINES.at_s = previous
+
+
+def _left(timeout_s: float | None, late: type[Exception]) -> float | None:
+    """A step's timeout, cut to what is left before the thread's deadline; raises `late`
+    when none is left."""
+    at_s = _DEADLINES.at_s
+    if at_s is None:
+        return timeout_s
+    left_s = at_s - time.monotonic()
+    if left_s <= 0:
+        raise late("the request's deadline passed")
+    return left_s if timeout_s is None else min(timeout_s, left_s)
+
+
+class _DeadlineStream(httpcore.NetworkStream):
+    def __init__(self, inner: httpcore.NetworkStream) -> None:
+        self._inner = inner
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        return self._inner.read(max_bytes, _left(timeout, httpcore.ReadTimeout))
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        self._inner.write(buffer, _left(timeout, httpcore.WriteTimeout))
+
+    def close(self) -> None:
+        self._inner.close()
+
+    def start_tls(
+        self,
+        ssl_context: ssl.SSLContext,
+        server_hostname: str | None = None,
+        timeout: float | None = None,
+    ) -> httpcore.NetworkStream:
+        inner = self._inner.start_tls(
+            ssl_context, server_hostname, _left(timeout, httpcore.ConnectTimeout)
+        )
+        return _DeadlineStream(inner)
+
+    def get_extra_info(self, info: str) -> Any:
+        return self._inner.get_extra_info(info)
+
+
+class _DeadlineBackend(httpcore.NetworkBackend):
+    """httpcore's network backend, each step within the thread's deadline."""
+
+    def __init__(self, inner: httpcore.NetworkBackend) -> None:
+        self._inner = inner
+
+    def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Iterable[Any] | None = None,
+    ) -> httpcore.NetworkStream:
+        left = _left(timeout, httpcore.ConnectTimeout)
+        return _DeadlineStream(
+            self._inner.connect_tcp(host, port, left, local_address, socket_options)
+        )
+
+    def connect_unix_socket(
+        self, path: str, timeout: float | None = None, socket_options: Iterable[Any] | None = None
+    ) -> httpcore.NetworkStream:
+        left = _left(timeout, httpcore.ConnectTimeout)
+        return _DeadlineStream(self._inner.connect_unix_socket(path, left, socket_options))
+
+    def sleep(self, seconds: float) -> None:
+        self._inner.sleep(seconds)
+
+
+def deadline_transport() -> httpx.HTTPTransport:
+    """The HTTP sink's transport: pooled with keep-alive (`HTTP_LIMITS`), every request
+    made within a `deadline` cut short at it. Raises `RuntimeError` when httpx's transport
+    is not built as this relies on (its httpcore pool's network backend)."""
+    transport = httpx.HTTPTransport(limits=HTTP_LIMITS)
+    pool = getattr(transport, "_pool", None)
+    if not isinstance(pool, httpcore.ConnectionPool) or not hasattr(pool, "_network_backend"):
+        raise RuntimeError("httpx's transport has no httpcore pool's network backend to wrap")
+    pool._network_backend = _DeadlineBackend(pool._network_backend)
+    return transport
+
+
 def make_http_client(transport: httpx.BaseTransport | None = None) -> httpx.Client:
     """The HTTP sink's client, one per process, shared by its delivery threads: pooled
     with keep-alive (as many kept-alive connections as a line may have deliveries in
@@ -223,7 +336,7 @@ def make_http_client(transport: httpx.BaseTransport | None = None) -> httpx.Clie
     return httpx.Client(
         timeout=HTTP_TIMEOUT_S,
         follow_redirects=False,
-        transport=transport or httpx.HTTPTransport(limits=HTTP_LIMITS),
+        transport=transport or deadline_transport(),
     )
 
 

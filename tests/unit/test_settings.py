@@ -324,3 +324,20 @@ def test_a_line_named_after_one_of_the_intakes_own_paths_is_refused(monkeypatch,
     monkeypatch.setenv(f"PIPELINE_LINES__{name.upper()}__DOWNSTREAM_URL", "http://127.0.0.1:9/in")
     with pytest.raises(ConfigError, match=f"line name '{name}' is one of the intake's own paths"):
         load_settings()
+
+
+def test_a_delivery_that_could_outlive_its_lease_is_refused_naming_the_settings(monkeypatch):
+    monkeypatch.setenv("PIPELINE_LINES__SHIPMENT__DOWNSTREAM_URL", "http://127.0.0.1:9/in")
+    monkeypatch.setenv("PIPELINE_LINES__SHIPMENT__DELIVERY_TIMEOUT_S", "100")
+    # Lease 114 s: a wait for room of 28.5 s, the request's 100 s and a second's margin.
+    with pytest.raises(ConfigError) as refused:
+        load_settings()
+    message = str(refused.value)
+    assert "PIPELINE_LINES__SHIPMENT__DELIVERY_TIMEOUT_S" in message
+    assert "PIPELINE_VISIBILITY_TIMEOUT_SECONDS" in message
+    monkeypatch.setenv("PIPELINE_VISIBILITY_TIMEOUT_SECONDS", "200")  # lease 190 s
+    monkeypatch.setenv("PIPELINE_STUCK_AFTER_SECONDS", "600")
+    assert load_settings().lines["shipment"].delivery_timeout_s == 100
+    # A table-sink line's timeout bounds no request: it is not held to its lease.
+    monkeypatch.setenv("PIPELINE_LINES__ORDER__DELIVERY_TIMEOUT_S", "600")
+    assert load_settings().lines["order"].delivery_timeout_s == 600
