@@ -184,9 +184,10 @@ def _ours_end_to_end(
 
 def _ours_drain(
     bench: BenchStack, delay_ms: int, *, count: int, timeout_s: float
-) -> tuple[float, dict[str, int], int]:
+) -> tuple[float, dict[str, Any], int]:
     """Seconds from a worker's ready line to `count` records done, journaled and queued
-    before it started; the downstream's counts, and the records done."""
+    before it started; the downstream's counts (and the CPU each process spent per record
+    meanwhile), and the records done."""
     bench.reset()
     bench.progress(f"delivery: {count} records queued, then drained by a worker, {delay_ms} ms")
     requests = signed_orders(count)
@@ -207,15 +208,20 @@ def _ours_drain(
             raise RuntimeError(f"{accepted} of {count} records accepted, {queued} enqueued")
         worker, ready = _our_worker(bench, f"worker-delivery-{delay_ms}ms-drain", env)
         try:
-            wait_until(
-                lambda: bench.journal_count(line="order", status=RecordStatus.DONE) >= count,
-                timeout_s=timeout_s,
-                what=f"{count} records to be done",
-            )
+            with bench.cpu_of(worker=worker.process.pid if worker.process else None) as cpu:
+                wait_until(
+                    lambda: bench.journal_count(line="order", status=RecordStatus.DONE) >= count,
+                    timeout_s=timeout_s,
+                    what=f"{count} records to be done",
+                )
             done_s = time.monotonic() - ready
         finally:
             bench.stop_child(worker)
-        return done_s, seen(url), _check_journal(bench, count)
+        return (
+            done_s,
+            {**seen(url), "cpu_ms_per_record": cpu.ms_per(count)},
+            _check_journal(bench, count),
+        )
 
 
 def _check_journal(bench: BenchStack, count: int) -> int:
@@ -229,9 +235,10 @@ def _check_journal(bench: BenchStack, count: int) -> int:
 
 def _plain(
     bench: BenchStack, delay_ms: int, *, count: int, processes: int
-) -> tuple[float, dict[str, int]]:
+) -> tuple[float, dict[str, Any]]:
     """Seconds from a plain Celery worker's ready line to `count` delivery tasks, queued
-    before it started, drained; the downstream's counts."""
+    before it started, drained; the downstream's counts (and the CPU each process spent
+    per record meanwhile)."""
     bench.reset()
     bench.progress(f"delivery: plain Celery, {count} tasks drained by a worker, {delay_ms} ms")
     _queue_plain(bench, count)
@@ -244,12 +251,13 @@ def _plain(
             **{DOWNSTREAM_URL_ENV: f"{url}/deliveries"},
         )
         try:
-            with redis.Redis.from_url(bench.redis_url) as client:
+            pid = worker.process.pid if worker.process else None
+            with redis.Redis.from_url(bench.redis_url) as client, bench.cpu_of(worker=pid) as cpu:
                 wait_drained(client, DELIVER_QUEUE, timeout_s=SLACK_S + count * delay_ms / 1000)
             done_s = time.monotonic() - ready
         finally:
             bench.stop_child(worker)
-        return done_s, seen(url)
+        return done_s, {**seen(url), "cpu_ms_per_record": cpu.ms_per(count)}
 
 
 def _queue_plain(bench: BenchStack, count: int) -> None:

@@ -62,6 +62,49 @@ def children(pid: int) -> list[int]:
     return found
 
 
+# The kernel's unit of CPU time in /proc/<pid>/stat.
+CLOCK_TICKS_PER_S = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_s(pid: int) -> float:
+    """The CPU seconds (user and system) `pid` and its living descendants have used, from
+    the kernel's counters (0 for a process gone)."""
+    total = 0.0
+    pending = [pid]
+    while pending:
+        each = pending.pop()
+        try:
+            with open(f"/proc/{each}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        # Fields 14 and 15 of stat(5), utime and stime: the 12th and 13th after the name.
+        total += (int(fields[11]) + int(fields[12])) / CLOCK_TICKS_PER_S
+        pending.extend(children(each))
+    return total
+
+
+@dataclass
+class CpuMeter:
+    """The CPU seconds each of `pids` (by name; its children included) spent between the
+    block's start and end, from the kernel's counters."""
+
+    pids: dict[str, int]
+    spent_s: dict[str, float] = field(default_factory=dict)
+    _began: dict[str, float] = field(default_factory=dict)
+
+    def __enter__(self) -> CpuMeter:
+        self._began = {name: cpu_s(pid) for name, pid in self.pids.items()}
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.spent_s = {name: cpu_s(pid) - self._began[name] for name, pid in self.pids.items()}
+
+    def ms_per(self, count: int) -> dict[str, float]:
+        """Each process's CPU milliseconds per one of `count` (records, requests)."""
+        return {name: round(s * 1000 / max(count, 1), 3) for name, s in self.spent_s.items()}
+
+
 @dataclass
 class RssSampler:
     """Samples the RSS of a process (and the largest of its children) every `interval_s`."""

@@ -15,7 +15,16 @@ def _load(figures: dict[str, Any]) -> str:
         f"{figures['requests_per_s']:,.0f} req/s · p50 {figures['p50_ms']:.1f} ms · "
         f"p99 {figures['p99_ms']:.1f} ms"
         + (f" · {figures['non_2xx']} non-2xx" if figures["non_2xx"] else "")
+        + _cpu(figures.get("cpu_ms_per_request"), "request")
     )
+
+
+def _cpu(per: dict[str, float] | None, unit: str) -> str:
+    """The CPU each process spent per `unit`, as measured beside a rate ("" when not)."""
+    if not per:
+        return ""
+    spent = ", ".join(f"{name} {ms:.2f} ms" for name, ms in per.items())
+    return f" · CPU per {unit}: {spent}"
 
 
 def _latencies(figures: dict[str, Any]) -> str:
@@ -140,6 +149,7 @@ def _delivery_rows(figures: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     Celery tasks posting the same bodies."""
     found: list[tuple[str, str, str, str]] = []
     for run in figures.get("delivery", {}).get("runs", []):
+        counts = run.get("downstream", {})
         once = (
             "each record once"
             if run["each_once"]
@@ -155,10 +165,12 @@ def _delivery_rows(figures: dict[str, Any]) -> list[tuple[str, str, str, str]]:
                 f"c={run['downstream_alone_connections']})",
                 f"drain {run['ours_drain_records_per_s']:,.1f} records/s · end to end "
                 f"{run['ours_e2e_records_per_s']:,.1f} records/s · at most "
-                f"{run['ours_max_in_flight']} in flight · {once}",
+                f"{run['ours_max_in_flight']} in flight · {once}"
+                + _cpu(counts.get("ours_drain", {}).get("cpu_ms_per_record"), "record drained"),
                 f"plain Celery (prefork {run['concurrency']}): "
                 f"{run['plain_records_per_s']:,.1f} records/s · at most "
-                f"{run['plain_max_in_flight']} in flight",
+                f"{run['plain_max_in_flight']} in flight"
+                + _cpu(counts.get("plain", {}).get("cpu_ms_per_record"), "record"),
                 _ratio(run["ours_drain_records_per_s"], run["plain_records_per_s"]),
             )
         )
@@ -171,7 +183,8 @@ def _delivery_rows(figures: dict[str, Any]) -> list[tuple[str, str, str, str]]:
                     f"drain {run['ours_drain_records_per_s']:,.1f} records/s",
                     f"plain Celery (prefork {run['plain_same_processes']}): "
                     f"{run['plain_same_records_per_s']:,.1f} records/s · at most "
-                    f"{run['plain_same_max_in_flight']} in flight",
+                    f"{run['plain_same_max_in_flight']} in flight"
+                    + _cpu(counts.get("plain_same", {}).get("cpu_ms_per_record"), "record"),
                     _ratio(run["ours_drain_records_per_s"], run["plain_same_records_per_s"]),
                 )
             )

@@ -83,7 +83,8 @@ class Bench(BenchStack):
                 assert child.process is not None
                 # Numbers after the warm-up's: each request has its own nonce.
                 measured = functools.partial(_offset, make, 10_000_000)
-                with RssSampler(child.process.pid) as rss:
+                cpu = self.cpu_of(intake=child.process.pid)
+                with RssSampler(child.process.pid) as rss, cpu:
                     if self.wrk:
                         result = run_wrk(
                             url,
@@ -101,6 +102,7 @@ class Bench(BenchStack):
                             duration_s=sizes.intake_s,
                         )
                 figures[name] = load_figures(result)
+                figures[name]["cpu_ms_per_request"] = cpu.ms_per(result.requests)
                 if name == "ours":
                     self.results.setdefault("memory", {})["intake"] = rss.summary()
         figures["concurrency"] = sizes.concurrency

@@ -18,7 +18,7 @@ import redis
 from sqlalchemy import Engine, delete, func, select, text
 
 from app.bench.load import LoadResult, Request, wrk_path
-from app.bench.procs import free_port, listening, log_path, wait_until
+from app.bench.procs import CpuMeter, free_port, listening, log_path, wait_until
 from app.intake.signing import sign
 from app.journal.engine import make_engine
 from app.journal.models import (
@@ -166,6 +166,14 @@ class BenchStack:
         self.children.clear()
         if self.own_redis is not None:
             self.own_redis.stop()
+
+    def cpu_of(self, **pids: int | None) -> CpuMeter:
+        """A meter of `pids` (by name; those that are None left out) and of the bench's own
+        Redis server, when it started one."""
+        named = {name: pid for name, pid in pids.items() if pid is not None}
+        if self.own_redis is not None and self.own_redis.pid is not None:
+            named["redis"] = self.own_redis.pid
+        return CpuMeter(named)
 
     def env(self, **extra: str) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("PIPELINE_")}

@@ -68,6 +68,10 @@ def test_quick_bench_completes_and_prints_every_row(harness, tmp_path):
         assert intake[name]["requests"] > 0
         assert intake[name]["non_2xx"] == 0, intake[name]
         assert intake[name]["errors"] == 0, intake[name]
+        # The cost beside the rate: the intake process's CPU, and the bench's Redis.
+        cpu = intake[name]["cpu_ms_per_request"]
+        assert set(cpu) == {"intake", "redis"}, cpu
+        assert cpu["intake"] > 0, cpu
     assert figures["end_to_end"]["records"] == 1_000
     delivery = figures["delivery"]
     assert [run["delay_ms"] for run in delivery["runs"]] == [20]  # a quick run: one delay
@@ -80,6 +84,11 @@ def test_quick_bench_completes_and_prints_every_row(harness, tmp_path):
             counts = run["downstream"][name]
             assert counts["requests"] == counts["distinct_keys"] == records, (name, run)
             assert counts["max_in_flight"] >= 1, (name, run)
+        for name in ("ours_drain", "plain", "plain_same"):
+            cpu = run["downstream"][name]["cpu_ms_per_record"]
+            assert set(cpu) == {"worker", "redis"}, (name, cpu)
+            assert cpu["worker"] > 0, (name, cpu)
+            assert cpu["redis"] > 0, (name, cpu)
         # Plain Celery with our process count (one): fewer tasks, each once, one at a time.
         same = run["downstream"]["plain_same"]
         assert run["plain_same_processes"] == 1
