@@ -9,7 +9,12 @@ starts but one probe at a time, one every `circuit_probe_interval_s`; the record
 is delivered while the circuit is open (the probe, or one that started before it opened)
 closes it, and the window starts again empty. An answer that refuses one record (a 4xx
 but 429) says nothing of the downstream's health, either way: it is not counted, never
-closes the circuit, and a probe that got one leaves the next probe free to go at once."""
+closes the circuit, and a probe that got one leaves the next probe free to go at once.
+
+After a close the line's deliveries come back gradually (a ramp), not all that came due
+during the outage at once into a downstream that has just recovered: `circuit_min_attempts`
+in the first second, twice as many in each next one, for `RAMP_S`; a delivery past the
+second's share waits for the next second without spending an attempt."""
 
 from __future__ import annotations
 
@@ -25,6 +30,9 @@ from app.errors import BrokerUnavailable
 from app.line_settings import LineSettings
 
 CIRCUIT_KEY = "pipeline:circuit:{line}"
+# How long the ramp after a close lasts: 8 doublings of the first second's share (2,560
+# deliveries in its last second with the default share of 10), then no limit.
+RAMP_S = 8
 OK_KEY = "pipeline:circuit:{line}:ok"
 FAILED_KEY = "pipeline:circuit:{line}:failed"
 
@@ -67,7 +75,7 @@ class Change(StrEnum):
 
 
 # KEYS: circuit, ok buckets, failed buckets. ARGV: 1 health (up/down/unsaid), 2 window s,
-# 3 min attempts, 4 probe interval ms, 5 owner (the probe's, or "").
+# 3 min attempts, 4 probe interval ms, 5 owner (the probe's, or ""), 6 ramp ms.
 # Returns {change, state, failed in window, counted in window}.
 _OUTCOME = """
 local now = redis.call('TIME')
@@ -80,6 +88,8 @@ local state = redis.call('HGET', KEYS[1], 'state') or 'closed'
 if state == 'open' then
   if ok then
     redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
+    redis.call('HSET', KEYS[1], 'closed_ms', now_ms)
+    redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[6]))
     return {'closed', 'closed', 0, 0}
   end
   if ARGV[5] ~= '' and redis.call('HGET', KEYS[1], 'probe') == ARGV[5] then
@@ -107,20 +117,28 @@ for i, key in ipairs({KEYS[2], KEYS[3]}) do
   end
 end
 if counted >= tonumber(ARGV[3]) and failed * 2 > counted then
+  redis.call('DEL', KEYS[1])  -- a ramp's counts and lifetime with it: an open circuit stays
   redis.call('HSET', KEYS[1], 'state', 'open', 'opened_ms', now_ms,
              'next_probe_ms', now_ms + tonumber(ARGV[4]), 'failed', failed, 'counted', counted)
-  redis.call('HDEL', KEYS[1], 'probe', 'probe_until_ms')
   return {'opened', 'open', failed, counted}
 end
 return {'none', 'closed', failed, counted}
 """
 
-# KEYS: circuit. ARGV: 1 owner, 2 probe lifetime ms.
-# Returns {admission, ms until the next probe may go}.
+# KEYS: circuit. ARGV: 1 owner, 2 probe lifetime ms, 3 the ramp's first second's share,
+# 4 ramp ms. Returns {admission, ms until the next probe (or the ramp's next second)}.
 _ADMIT = """
-if redis.call('HGET', KEYS[1], 'state') ~= 'open' then return {'go', 0} end
 local now = redis.call('TIME')
 local now_ms = now[1] * 1000 + math.floor(now[2] / 1000)
+if redis.call('HGET', KEYS[1], 'state') ~= 'open' then
+  local closed = tonumber(redis.call('HGET', KEYS[1], 'closed_ms') or 0)
+  local since = now_ms - closed
+  if closed == 0 or since >= tonumber(ARGV[4]) then return {'go', 0} end
+  local sec = math.floor(since / 1000)
+  local taken = redis.call('HINCRBY', KEYS[1], 'ramp:' .. sec, 1)
+  if taken > tonumber(ARGV[3]) * 2 ^ sec then return {'wait', 1000 - since % 1000} end
+  return {'go', 0}
+end
 local probe_until = tonumber(redis.call('HGET', KEYS[1], 'probe_until_ms') or 0)
 local next_probe = tonumber(redis.call('HGET', KEYS[1], 'next_probe_ms') or 0)
 if probe_until > now_ms then return {'wait', math.max(probe_until, next_probe) - now_ms} end
@@ -192,14 +210,22 @@ class Circuits:
         self._admit = client.register_script(_ADMIT)
         self._drop = client.register_script(_DROP)
 
-    def admit(self, line: str, *, owner: str, probe_lifetime_s: float) -> Verdict:
+    def admit(
+        self, line: str, settings: LineSettings, *, owner: str, probe_lifetime_s: float
+    ) -> Verdict:
         """Whether a delivery of `line` may start now. A probe is `owner`'s until its
-        outcome is counted, or for `probe_lifetime_s` at most (its worker may die).
-        Raises `BrokerUnavailable`."""
+        outcome is counted, or for `probe_lifetime_s` at most (its worker may die); in
+        the ramp after a close, a delivery past its second's share waits. Raises
+        `BrokerUnavailable`."""
         try:
             admission, wait_ms = self._admit(
                 keys=[CIRCUIT_KEY.format(line=line)],
-                args=[owner, math.ceil(probe_lifetime_s * 1000)],
+                args=[
+                    owner,
+                    math.ceil(probe_lifetime_s * 1000),
+                    settings.circuit_min_attempts,
+                    RAMP_S * 1000,
+                ],
             )
         except redis.RedisError as exc:
             raise BrokerUnavailable(f"the circuit of {line}: {exc}") from exc
@@ -219,6 +245,7 @@ class Circuits:
                     settings.circuit_min_attempts,
                     math.ceil(settings.circuit_probe_interval_s * 1000),
                     owner,
+                    RAMP_S * 1000,
                 ],
             )
         except redis.RedisError as exc:

@@ -249,7 +249,10 @@ class ConcurrentDeliveries:
                 return ids, ""
             probe = f"{owner}:{ids[0]}"
             verdict = self._circuits.admit(
-                line.name, owner=probe, probe_lifetime_s=self._gates.longest_delivery_s(line)
+                line.name,
+                line.settings,
+                owner=probe,
+                probe_lifetime_s=self._gates.longest_delivery_s(line),
             )
         except BrokerUnavailable as exc:
             log.warning("circuit_unread", line=line.name, error=str(exc))

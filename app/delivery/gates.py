@@ -52,7 +52,10 @@ class DeliveryGates:
         ("", s) when it must wait about `s` seconds. Redis not answering: it goes."""
         try:
             verdict = self._circuits.admit(
-                line.name, owner=owner, probe_lifetime_s=self.longest_delivery_s(line)
+                line.name,
+                line.settings,
+                owner=owner,
+                probe_lifetime_s=self.longest_delivery_s(line),
             )
         except BrokerUnavailable:
             return "", 0.0

@@ -7,6 +7,7 @@ import time
 import pytest
 
 from app.delivery.circuit import (
+    RAMP_S,
     Admission,
     Change,
     Circuits,
@@ -51,12 +52,16 @@ def test_a_refusal_is_not_counted_and_closes_no_circuit_and_frees_the_probe(harn
     opened = circuits.count("r", SETTINGS, health=Health.DOWN)
     assert (opened.change, opened.counted) == (Change.OPENED, 10)
     time.sleep(1.1)  # the probe interval
-    assert circuits.admit("r", owner="x", probe_lifetime_s=30).admission is Admission.PROBE
+    assert (
+        circuits.admit("r", SETTINGS, owner="x", probe_lifetime_s=30).admission is Admission.PROBE
+    )
     refused = circuits.count("r", SETTINGS, health=Health.UNSAID, owner="x")
     assert (refused.change, refused.state) == (Change.NONE, State.OPEN)
     assert circuits.state("r").state is State.OPEN
     # It said nothing of the downstream: the next probe goes at once.
-    assert circuits.admit("r", owner="y", probe_lifetime_s=30).admission is Admission.PROBE
+    assert (
+        circuits.admit("r", SETTINGS, owner="y", probe_lifetime_s=30).admission is Admission.PROBE
+    )
     closed = circuits.count("r", SETTINGS, health=Health.UP, owner="y")
     assert (closed.change, closed.state) == (Change.CLOSED, State.CLOSED)
 
@@ -93,22 +98,65 @@ def test_one_probe_at_a_time_and_the_next_one_after_the_interval(harness):
     circuits = Circuits(harness.runtime().redis)
     for _ in range(10):
         circuits.count("p", SETTINGS, health=Health.DOWN)
-    assert circuits.admit("p", owner="x", probe_lifetime_s=30).admission is Admission.WAIT
+    assert circuits.admit("p", SETTINGS, owner="x", probe_lifetime_s=30).admission is Admission.WAIT
     time.sleep(1.1)  # the probe interval
-    assert circuits.admit("p", owner="x", probe_lifetime_s=30).admission is Admission.PROBE
+    assert (
+        circuits.admit("p", SETTINGS, owner="x", probe_lifetime_s=30).admission is Admission.PROBE
+    )
     assert circuits.state("p").probing
-    assert circuits.admit("p", owner="y", probe_lifetime_s=30).admission is Admission.WAIT
+    assert circuits.admit("p", SETTINGS, owner="y", probe_lifetime_s=30).admission is Admission.WAIT
     # The probe failed: no other goes before another interval.
     assert circuits.count("p", SETTINGS, health=Health.DOWN, owner="x").state is State.OPEN
     assert not circuits.state("p").probing
-    assert circuits.admit("p", owner="y", probe_lifetime_s=30).admission is Admission.WAIT
+    assert circuits.admit("p", SETTINGS, owner="y", probe_lifetime_s=30).admission is Admission.WAIT
     time.sleep(1.1)
-    assert circuits.admit("p", owner="y", probe_lifetime_s=30).admission is Admission.PROBE
+    assert (
+        circuits.admit("p", SETTINGS, owner="y", probe_lifetime_s=30).admission is Admission.PROBE
+    )
     # A probe that never went out (its record was not claimed) lets the next one go.
     circuits.drop_probe("p", "y")
-    assert circuits.admit("p", owner="z", probe_lifetime_s=30).admission is Admission.PROBE
+    assert (
+        circuits.admit("p", SETTINGS, owner="z", probe_lifetime_s=30).admission is Admission.PROBE
+    )
     # A probe whose worker died lapses after its lifetime.
     circuits.drop_probe("p", "z")
-    assert circuits.admit("p", owner="dead", probe_lifetime_s=0.5).admission is Admission.PROBE
+    assert (
+        circuits.admit("p", SETTINGS, owner="dead", probe_lifetime_s=0.5).admission
+        is Admission.PROBE
+    )
     time.sleep(0.6)
-    assert circuits.admit("p", owner="next", probe_lifetime_s=30).admission is Admission.PROBE
+    assert (
+        circuits.admit("p", SETTINGS, owner="next", probe_lifetime_s=30).admission
+        is Admission.PROBE
+    )
+
+
+def test_after_a_close_deliveries_come_back_on_a_ramp(harness):
+    circuits = Circuits(harness.runtime().redis)
+    for _ in range(10):
+        circuits.count("ramp", SETTINGS, health=Health.DOWN)
+    assert circuits.state("ramp").state is State.OPEN
+    closed = circuits.count("ramp", SETTINGS, health=Health.UP)
+    assert closed.change is Change.CLOSED
+
+    def admitted_now() -> list[Admission]:
+        return [
+            circuits.admit("ramp", SETTINGS, owner="", probe_lifetime_s=30).admission
+            for _ in range(3 * SETTINGS.circuit_min_attempts)
+        ]
+
+    # The first second: the line's share (circuit_min_attempts), then the others wait.
+    first = admitted_now()
+    assert first.count(Admission.GO) == SETTINGS.circuit_min_attempts, first
+    assert set(first[SETTINGS.circuit_min_attempts :]) == {Admission.WAIT}
+    waiting = circuits.admit("ramp", SETTINGS, owner="", probe_lifetime_s=30)
+    assert 0 < waiting.wait_s <= 1
+    time.sleep(1.05)  # the ramp's next second
+    second = admitted_now()
+    assert second.count(Admission.GO) == 2 * SETTINGS.circuit_min_attempts, second
+    # Opened again during the ramp, it stays open (the ramp's lifetime goes with it).
+    for _ in range(10):
+        circuits.count("ramp", SETTINGS, health=Health.DOWN)
+    assert circuits.state("ramp").state is State.OPEN
+    time.sleep(RAMP_S + 0.5)  # past the ramp's lifetime: a key that lapsed would close it
+    assert circuits.state("ramp").state is State.OPEN

@@ -20,6 +20,11 @@ RATE = 50
 TRANSIT_S = 0.2
 
 
+# Three worker processes of 32 delivery threads each on two cores, timed to the second: beside
+# another test that loads the machine (a chaos scenario, the bench), the time between a
+# token and its request's arrival grew past TRANSIT_S (67 and 70 in one second, seen under
+# pytest -n 3); beside two busy loops it stays within it (54 to 56).
+@pytest.mark.loads_machine
 def test_three_worker_processes_never_send_more_than_the_bucket_allows_in_any_second(harness):
     downstream = Gauged().start()
     try:
