@@ -119,8 +119,10 @@ def cross_site(method: str, headers: Mapping[str, str]) -> str | None:
 
     A browser names the page's origin in `Origin` (and where it stands in `Sec-Fetch-Site`)
     on every POST; curl and server-to-server clients send neither, and go on. An `Origin`
-    whose host and port are not the request's `Host` is another site's, and so is
-    `Origin: null` (a sandboxed frame, a file)."""
+    whose host and port are not the request's `Host` (nor, behind a proxy that rewrites
+    `Host`, its `X-Forwarded-Host`) is another site's, and so is `Origin: null` (a sandboxed
+    frame, a file). A page elsewhere cannot send `X-Forwarded-Host` itself: a header of its
+    own makes the browser ask the intake first (CORS), and the intake allows none."""
     if method in READ_METHODS:
         return None
     site = headers.get("sec-fetch-site")
@@ -129,7 +131,8 @@ def cross_site(method: str, headers: Mapping[str, str]) -> str | None:
     origin = headers.get("origin")
     if origin is None:
         return None
-    if _authority(origin) != _with_port(headers.get("host", ""), origin):
+    own = [headers.get("host", ""), *headers.get("x-forwarded-host", "").split(",")[:1]]
+    if _authority(origin) not in {_with_port(host, origin) for host in own if host.strip()}:
         return f"Origin {origin[:200]!r} is not this intake's"
     return None
 
