@@ -89,13 +89,27 @@ def answer_of(sock: socket.socket, *, timeout_s: float) -> bytes:
         while b"\r\n\r\n" not in answer:
             chunk = sock.recv(65536)
             if not chunk:
-                break
+                return answer
             answer += chunk
+        head, _, body = answer.partition(b"\r\n\r\n")
+        length = next(
+            (
+                int(line.split(b":", 1)[1])
+                for line in head.split(b"\r\n")[1:]
+                if line.lower().startswith(b"content-length:")
+            ),
+            0,
+        )
+        while len(body) < length:  # the body may come in a packet of its own
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            body += chunk
+        return head + b"\r\n\r\n" + body
     except TimeoutError:
         raise AssertionError(f"no answer within {timeout_s} s: {answer!r}") from None
     except ConnectionResetError:
-        pass
-    return answer
+        return answer
 
 
 def status_of(answer: bytes) -> int:
@@ -152,7 +166,9 @@ def test_a_50_mib_body_without_a_token_is_refused_before_it_is_read(intake, fram
         # 64 KiB of 50 MiB sent: the answer comes now, not after the rest.
         answer = answer_of(sock, timeout_s=5)
     assert status_of(answer) == 401
-    assert b"admin_required" in answer
+    # The token's refusal (admin_required: the only one that asks for a bearer token), read
+    # from the head: the body may be lost to the reset of a connection closed unread.
+    assert b"www-authenticate: bearer" in answer.lower()
 
 
 def test_a_50_mib_push_is_refused_413_before_it_is_read(harness, intake):
