@@ -15,8 +15,6 @@ import hmac
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from pydantic import SecretStr
-
 from app import standard_webhooks
 from app.client import signature
 from app.credentials import IntakeKey, IntakeKeyKind
@@ -43,10 +41,6 @@ _NO_MATCH_STANDARD_WEBHOOKS = (
 
 # The key an unknown source's check is made with, so that it takes as long as a known one's.
 _NO_KEY = bytes(standard_webhooks.MIN_KEY_BYTES)
-
-# A source's key, as the settings hold it (`IntakeKey`) or as a plain secret of the
-# pipeline's own scheme.
-SourceKey = IntakeKey | SecretStr
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -76,7 +70,7 @@ def verify(
     headers: Mapping[str, str],
     body: bytes,
     *,
-    keys: Mapping[str, SourceKey],
+    keys: Mapping[str, IntakeKey],
     now_s: float,
     window_s: int,
 ) -> Caller:
@@ -112,7 +106,7 @@ def verify_standard_webhooks(
     headers: Mapping[str, str],
     body: bytes,
     *,
-    keys: Mapping[str, SourceKey],
+    keys: Mapping[str, IntakeKey],
     now_s: float,
     window_s: int,
 ) -> Caller:
@@ -172,23 +166,17 @@ def _check_timestamp(header: str, value: str, *, now_s: float, window_s: int) ->
         )
 
 
-def _pipeline_secret(key: SourceKey | None) -> str | None:
+def _pipeline_secret(key: IntakeKey | None) -> str | None:
     """The secret of a key of the pipeline's own scheme; None for any other."""
-    if isinstance(key, SecretStr):
-        return key.get_secret_value()
     if key is not None and key.kind is IntakeKeyKind.PIPELINE:
         return key.secret.get_secret_value()
     return None
 
 
-def _is_standard_webhooks(key: SourceKey) -> bool:
-    return isinstance(key, IntakeKey) and key.kind is IntakeKeyKind.STANDARD_WEBHOOKS
+def _is_standard_webhooks(key: IntakeKey) -> bool:
+    return key.kind is IntakeKeyKind.STANDARD_WEBHOOKS
 
 
-def _standard_webhooks_keys(keys: Mapping[str, SourceKey]) -> dict[str, bytes]:
+def _standard_webhooks_keys(keys: Mapping[str, IntakeKey]) -> dict[str, bytes]:
     """The HMAC key of each Standard Webhooks source, by key id."""
-    return {
-        key_id: key.hmac_key()
-        for key_id, key in keys.items()
-        if isinstance(key, IntakeKey) and _is_standard_webhooks(key)
-    }
+    return {key_id: key.hmac_key() for key_id, key in keys.items() if _is_standard_webhooks(key)}

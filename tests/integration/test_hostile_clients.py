@@ -18,6 +18,7 @@ import pytest
 from tests.support.downstream import Gauged
 from tests.support.harness import signed_headers
 from tests.support.processes import TLS_CONTEXT, free_port, wait_for
+from tests.support.raw_http import read_answer, status_of
 
 # HTTP and the intake's own limits: the journal's database plays no part.
 pytestmark = pytest.mark.journal_independent
@@ -79,43 +80,6 @@ def head(path: str, headers: dict[str, str]) -> bytes:
     return ("\r\n".join(lines) + "\r\n\r\n").encode()
 
 
-def answer_of(sock: socket.socket, *, timeout_s: float) -> bytes:
-    """What the server answered on `sock` (its head and what came of its body) within
-    `timeout_s`; b"" when it closed without a word. Raises AssertionError when it said
-    nothing in time."""
-    sock.settimeout(timeout_s)
-    answer = b""
-    try:
-        while b"\r\n\r\n" not in answer:
-            chunk = sock.recv(65536)
-            if not chunk:
-                return answer
-            answer += chunk
-        head, _, body = answer.partition(b"\r\n\r\n")
-        length = next(
-            (
-                int(line.split(b":", 1)[1])
-                for line in head.split(b"\r\n")[1:]
-                if line.lower().startswith(b"content-length:")
-            ),
-            0,
-        )
-        while len(body) < length:  # the body may come in a packet of its own
-            chunk = sock.recv(65536)
-            if not chunk:
-                break
-            body += chunk
-        return head + b"\r\n\r\n" + body
-    except TimeoutError:
-        raise AssertionError(f"no answer within {timeout_s} s: {answer!r}") from None
-    except ConnectionResetError:
-        return answer
-
-
-def status_of(answer: bytes) -> int:
-    return int(answer.split(b" ", 2)[1])
-
-
 def trickle(port: int, path: str, headers: dict[str, str]) -> socket.socket:
     """A connection that declares a 1,000-byte body and sends 10 bytes of it."""
     sock = socket.create_connection(("127.0.0.1", port), timeout=10)
@@ -144,10 +108,10 @@ def test_trickling_bodies_without_credentials_leave_room_for_a_signed_push(
         assert time.monotonic() - started < 2
         if path == "/v1/replay":
             # The token is checked before the body is read: refused at once.
-            assert [status_of(answer_of(sock, timeout_s=5)) for sock in held] == [401] * IN_FLIGHT
+            assert [status_of(read_answer(sock, timeout_s=5)) for sock in held] == [401] * IN_FLIGHT
         else:
             # A push's signature covers its body: it waits for it, then for its time limit.
-            answers = [answer_of(sock, timeout_s=BODY_TIMEOUT_S + 10) for sock in held]
+            answers = [read_answer(sock, timeout_s=BODY_TIMEOUT_S + 10) for sock in held]
             assert [status_of(a) for a in answers] == [408] * IN_FLIGHT
     finally:
         for sock in held:
@@ -164,7 +128,7 @@ def test_a_50_mib_body_without_a_token_is_refused_before_it_is_read(intake, fram
         sock.sendall(head("/v1/replay", {"Content-Type": "application/json", **length, **chunked}))
         sock.sendall(b"%x\r\n%s\r\n" % (len(first), first) if chunked else first)
         # 64 KiB of 50 MiB sent: the answer comes now, not after the rest.
-        answer = answer_of(sock, timeout_s=5)
+        answer = read_answer(sock, timeout_s=5)
     assert status_of(answer) == 401
     # The token's refusal (admin_required: the only one that asks for a bearer token), read
     # from the head: the body may be lost to the reset of a connection closed unread.
@@ -176,7 +140,7 @@ def test_a_50_mib_push_is_refused_413_before_it_is_read(harness, intake):
         headers = signed_headers(KEY_ID, SECRET, b"{}")
         sock.sendall(head("/v1/order", {**headers, "Content-Length": str(50 * MIB)}))
         sock.sendall(b"x" * 65536)
-        answer = answer_of(sock, timeout_s=5)
+        answer = read_answer(sock, timeout_s=5)
     assert status_of(answer) == 413
     assert harness.record_count() == 0
 

@@ -19,6 +19,7 @@ import pytest
 
 from tests.support.harness import signed_headers
 from tests.support.processes import TLS_CONTEXT, free_port, wait_for
+from tests.support.raw_http import read_answer, status_of
 
 # HTTP, Redis or the browser: the journal's database plays no part.
 pytestmark = pytest.mark.journal_independent
@@ -35,32 +36,7 @@ def raw(port: int, data: bytes, *, timeout_s: float = 10) -> bytes:
     goes quiet."""
     with socket.create_connection(("127.0.0.1", port), timeout=timeout_s) as sock:
         sock.sendall(data)
-        return _read_answer(sock)
-
-
-def _read_answer(sock: socket.socket) -> bytes:
-    answer = b""
-    while b"\r\n\r\n" not in answer:
-        chunk = sock.recv(65536)
-        if not chunk:
-            return answer
-        answer += chunk
-    head, _, rest = answer.partition(b"\r\n\r\n")
-    length = 0
-    for line in head.split(b"\r\n")[1:]:
-        name, _, value = line.partition(b":")
-        if name.strip().lower() == b"content-length":
-            length = int(value.strip())
-    while len(rest) < length:
-        chunk = sock.recv(65536)
-        if not chunk:
-            break
-        rest += chunk
-    return head + b"\r\n\r\n" + rest
-
-
-def status_of(answer: bytes) -> int:
-    return int(answer.split(b" ", 2)[1])
+        return read_answer(sock)
 
 
 def json_error(answer: bytes) -> dict:
@@ -360,7 +336,7 @@ def test_a_client_sending_a_byte_a_second_is_cut_off_and_others_are_served(harne
                     time.sleep(1)  # a byte a second: the slowness under test, not a wait
             except OSError:
                 pass  # the server gave up on us: what it answered is below
-            answers.append(_read_answer(sock))
+            answers.append(read_answer(sock))
 
     thread = threading.Thread(target=slow, daemon=True)
     thread.start()

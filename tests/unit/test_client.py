@@ -11,9 +11,10 @@ import pytest
 from pydantic import SecretStr
 
 from app import client
+from app.credentials import IntakeKey
 from app.intake.signing import verify
 
-KEYS = {"shop-1": SecretStr("its-secret-of-32-random-bytes-xx")}
+KEYS = {"shop-1": IntakeKey(secret=SecretStr("its-secret-of-32-random-bytes-xx"))}
 
 
 def test_the_signed_request_verifies_at_the_intake():

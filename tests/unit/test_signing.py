@@ -6,10 +6,14 @@ import hmac
 import pytest
 from pydantic import SecretStr
 
+from app.credentials import IntakeKey
 from app.errors import BadSignature
 from app.intake.signing import sign, verify
 
-KEYS = {"k1": SecretStr("secret-1"), "k2": SecretStr("secret-2")}
+KEYS = {
+    "k1": IntakeKey(secret=SecretStr("secret-1")),
+    "k2": IntakeKey(secret=SecretStr("secret-2")),
+}
 BODY = b'{"business_no": "A-1"}'
 
 
