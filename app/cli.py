@@ -134,8 +134,9 @@ def worker(
     concurrency: Annotated[
         int | None,
         typer.Option(
-            help="Overrides the line's setting (`delivery_threads` on an HTTP-sink line's "
-            "thread pool, else `concurrency`)."
+            help="Overrides the line's setting (`concurrency`; on an HTTP-sink line, the "
+            "messages its thread pool runs at once, each handing its records to the "
+            "process's delivery loop)."
         ),
     ] = None,
     pool: Annotated[
@@ -161,8 +162,12 @@ def worker(
     celery = create_celery(settings)
     pool = pool or ("threads" if spec.http_sink else "prefork")
     if concurrency is None:
-        http_threads = pool == "threads" and spec.http_sink
-        concurrency = spec.settings.delivery_threads if http_threads else spec.settings.concurrency
+        concurrency = spec.settings.concurrency
+        if pool == "threads" and spec.http_sink:
+            # A message may carry one record (under light load each does): as many
+            # messages at once as the line keeps deliveries in flight. A thread only waits
+            # for its message's outcomes, on the process's delivery loop.
+            concurrency = spec.settings.deliveries_in_flight
     # Read by the worker's runtime (its journal pool's size), not by Celery.
     celery.conf.update(worker_pool=pool, worker_concurrency=concurrency)
     # Celery's `worker_main` returns nothing: its exit code is the worker's to read, and a

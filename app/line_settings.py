@@ -56,10 +56,10 @@ class LineSettings(BaseModel):
     # A delivery's one deadline, from connect to the answer's last byte: a downstream that
     # has not answered whole within it is a failed attempt, retried later.
     delivery_timeout_s: float = Field(default=10.0, gt=0, le=600)
-    # Deliveries one worker process keeps in flight (HTTP sink): the records of a message
-    # go out concurrently, each with its own lease, attempt and outcome. It is also the
-    # HTTP sink's records per message unless `batch_size` is set.
-    delivery_threads: int = Field(default=32, ge=1, le=256)
+    # Deliveries one worker process keeps in flight (HTTP sink), on one event loop: the
+    # records of its messages go out concurrently, each with its own lease, attempt and
+    # outcome; waiting on the downstream costs no thread.
+    deliveries_in_flight: int = Field(default=128, ge=1, le=1024)
     # Across every worker on every host: deliveries per second (a token bucket in Redis)
     # and deliveries in flight. Unset: no limit.
     delivery_rate: float | None = Field(default=None, gt=0, le=1_000_000)

@@ -19,6 +19,9 @@ Handler = Callable[[Any], None]
 # pushed together are packed (one group commit, a sweep, a replay page): a lone request's
 # message carries it alone, so packing adds no wait.
 TABLE_SINK_BATCH = 16
+# An HTTP-sink line's records per message unless its `batch_size` is set: its records are
+# delivered concurrently, each with its own attempt, on the worker's delivery loop.
+HTTP_SINK_BATCH = 32
 # An unknown name is echoed back this far at most (it may come from a URL's path).
 MAX_SHOWN_NAME = 64
 
@@ -56,14 +59,14 @@ class Line:
     def batch_size(self) -> int:
         """Records a queue message may carry: the line's `batch_size`, else
         `TABLE_SINK_BATCH` on the table sink (a batch is claimed, written and marked done
-        one statement each), `delivery_threads` on the HTTP sink (its records are
+        one statement each), `HTTP_SINK_BATCH` on the HTTP sink (its records are
         delivered concurrently, each with its own attempt), and one where a handler runs
         each record in turn, so that a message's run stays within the visibility timeout."""
         if self.settings.batch_size is not None:
             return self.settings.batch_size
         if self.table_sink:
             return TABLE_SINK_BATCH
-        return self.settings.delivery_threads if self.http_sink else 1
+        return min(HTTP_SINK_BATCH, self.settings.deliveries_in_flight) if self.http_sink else 1
 
     @property
     def http_sink(self) -> bool:

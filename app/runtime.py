@@ -15,14 +15,11 @@ from sqlalchemy import Engine
 from app.clock import utcnow
 from app.delivery.accept import Acceptor
 from app.delivery.circuit import Circuits
-from app.delivery.concurrent import ConcurrentDeliveries
+from app.delivery.engine import AttemptEngine
 from app.delivery.limits import DeliveryLimits
-from app.delivery.paused import PausedLines
-from app.delivery.pausing import LinePauser
+from app.delivery.pause import LinePauser, PausedLines
 from app.delivery.push import Pusher
-from app.delivery.runner import AttemptRunner
-from app.delivery.sinks import deadline_transport, make_http_client
-from app.delivery.traced_http import TracedTransport
+from app.delivery.sinks import make_http_client
 from app.journal.engine import make_engine
 from app.journal.journal import Journal
 from app.lines import LineRegistry
@@ -55,9 +52,8 @@ class Runtime:
     alerts: Alerter
     telemetry: Telemetry
     acceptor: Acceptor
-    runner: AttemptRunner
     circuits: Circuits
-    deliveries: ConcurrentDeliveries
+    attempts: AttemptEngine
     sweeper: Sweeper
     lost: LostMessages
     retention: Retention
@@ -86,9 +82,7 @@ class Runtime:
         engine = make_engine(settings.database_url, pool_size=db_pool_size)
         journal = Journal(engine)
         pusher = Pusher(client, tracing=tracing)
-        http = make_http_client(
-            TracedTransport(deadline_transport(), tracing=tracing) if tracing.enabled else None
-        )
+        http = make_http_client()
         alerts = Alerter(settings, clock=utcnow, telemetry=telemetry)
         paused = PausedLines(journal)
         acceptor = Acceptor(
@@ -114,24 +108,16 @@ class Runtime:
             alerts=alerts,
             telemetry=telemetry,
             acceptor=acceptor,
-            runner=AttemptRunner(
+            circuits=circuits,
+            attempts=AttemptEngine(
                 journal=journal,
                 lines=lines,
-                http=http,
                 telemetry=telemetry,
                 alerts=alerts,
-                lease_s=settings.lease_seconds,
-            ),
-            circuits=circuits,
-            deliveries=ConcurrentDeliveries(
-                journal=journal,
-                http=http,
-                telemetry=telemetry,
-                alerts=alerts,
-                limits=DeliveryLimits(client),
                 circuits=circuits,
-                tracing=tracing,
+                limits=DeliveryLimits(client),
                 paused=paused,
+                tracing=tracing,
                 lease_s=settings.lease_seconds,
             ),
             sweeper=Sweeper(
@@ -179,7 +165,7 @@ class Runtime:
         )
 
     def close(self) -> None:
-        self.deliveries.close()
+        self.attempts.close()
         self.alerts.close()
         self.telemetry.close()
         self.http.close()

@@ -7,7 +7,6 @@ is the task id. Retries are owned by the journal, not by countdown messages."""
 from __future__ import annotations
 
 import os
-import random
 import threading
 import time
 from collections.abc import Mapping
@@ -18,15 +17,13 @@ from celery.exceptions import Reject
 from celery.signals import worker_process_shutdown, worker_shutdown
 
 from app.celery_app import pipeline_settings
-from app.clock import utcnow
-from app.delivery.flights import attempt_span, describe_attempt
 from app.delivery.outcomes import AttemptResult
-from app.delivery.paused import hold_back
 from app.delivery.push import TASK_NAME, TRACEPARENTS_HEADER
 from app.errors import JournalUnavailable
+from app.journal import store
 from app.lines import Line
 from app.logs import get_logger
-from app.observe.tracing import SpanKind, trace_id_of
+from app.observe.tracing import trace_id_of
 from app.runtime import Runtime
 from workers import (
     heartbeat,  # noqa: F401 - connects the heartbeat to the worker's signals
@@ -42,7 +39,6 @@ _runtime: tuple[int, Runtime] | None = None
 _runtime_lock = threading.Lock()
 # The most journal connections a thread pool's process keeps (and as many more at a peak).
 MAX_JOURNAL_POOL = 8
-_rng = random.Random()  # noqa: S311 - backoff jitter, not cryptography
 
 
 def runtime_for(task: Task[Any, Any]) -> Runtime:
@@ -109,7 +105,7 @@ def process(self: Task[Any, Any], record_ids: str | list[str]) -> str | list[str
     Raises `AttemptFailed`, once every outcome is committed, when an attempt failed.
 
     A message of a paused line starts no attempt: its records wait in the journal
-    (`app.delivery.paused.hold_back`) and it is acked.
+    (`app.delivery.pause.hold_back`) and it is acked.
 
     With the journal unreachable the message goes back on its queue after a pause, rather
     than being acked and left to the stuck threshold; the records of a batch already
@@ -119,27 +115,16 @@ def process(self: Task[Any, Any], record_ids: str | list[str]) -> str | list[str
         log.error("message_refused", reason="the argument is not a record id or a list of them")
         return None
     rt = runtime_for(self)
-    line = _queue_line(rt, self.request.delivery_info)
     parents = _traceparents(self.request.get(TRACEPARENTS_HEADER))
     try:
-        if line is not None and rt.paused.is_paused(line.name):
-            # No attempt starts: the records wait in the journal (`deferred`), and the
-            # message is acked; the sweeper pushes them after the resume.
-            with rt.journal.transaction("holding back records of a paused line") as conn:
-                held = hold_back(conn, ids, now=utcnow())
-            log.info("records_held_line_paused", line=line.name, record_ids=ids[:10], held=held)
-            found = [AttemptResult(record_id=record_id) for record_id in ids]
-        elif len(ids) > 1 and line is not None and line.table_sink:
-            found = _attempt_batch(rt, ids, parents, line)
-        elif line is not None and line.http_sink:
-            # Delivered concurrently, each record with its own lease, attempt and outcome.
-            found = rt.deliveries.run(ids, line=line, parents=parents, clock=utcnow, rng=_rng)
-        else:
-            found = [_attempt(rt, record_id, parents.get(record_id), line) for record_id in ids]
+        by_id: dict[str, AttemptResult] = {}
+        for line, of_line in _by_line(rt, self.request.delivery_info, ids):
+            by_id |= {r.record_id: r for r in rt.attempts.run(of_line, line=line, parents=parents)}
     except JournalUnavailable as exc:
         log.warning("journal_unavailable_requeued", record_ids=ids[:10], error=str(exc))
         time.sleep(JOURNAL_RETRY_PAUSE_S)
         raise Reject(str(exc), requeue=True) from exc
+    found = [by_id.get(record_id) or AttemptResult(record_id=record_id) for record_id in ids]
     failed = [result for result in found if result.failed]
     if failed:
         raise AttemptFailed("; ".join(_failure(result) for result in failed)[:MAX_FAILURE_TEXT])
@@ -159,45 +144,6 @@ def _traceparents(header: object) -> dict[str, str]:
     }
 
 
-def _attempt(rt: Runtime, record_id: str, parent: str | None, line: Line | None) -> AttemptResult:
-    """One attempt of `record_id` within its attempt span, a child of the push span its
-    message named (`parent`), current meanwhile: the sink's outbound call is its child."""
-    name, attributes = attempt_span(record_id, line)
-    with rt.tracing.span(
-        name, kind=SpanKind.CONSUMER, parent=parent, attributes=attributes
-    ) as span:
-        result = rt.runner.attempt(record_id, clock=utcnow, rng=_rng, line=line)
-        describe_attempt(span, result)
-    return result
-
-
-def _attempt_batch(
-    rt: Runtime, ids: list[str], parents: dict[str, str], line: Line
-) -> list[AttemptResult]:
-    """The attempts of a table-sink batch (one transaction, no outbound call), each within
-    its attempt span."""
-    spans = []
-    for record_id in ids:
-        name, attributes = attempt_span(record_id, line)
-        spans.append(
-            rt.tracing.start(
-                name, kind=SpanKind.CONSUMER, parent=parents.get(record_id), attributes=attributes
-            )
-        )
-    try:
-        found = rt.runner.attempt_batch(ids, clock=utcnow, rng=_rng)
-        for span, result in zip(spans, found, strict=True):
-            describe_attempt(span, result)
-    except Exception as exc:
-        for span in spans:
-            span.fail(f"{type(exc).__name__}: {exc}")
-        raise
-    finally:
-        for span in spans:
-            span.end()
-    return found
-
-
 def _failure(result: AttemptResult) -> str:
     """One failed attempt, as the task's error shows it: which record, which attempt, what
     became of the record, and the error."""
@@ -212,7 +158,19 @@ def _failure(result: AttemptResult) -> str:
     )
 
 
-def _queue_line(rt: Runtime, delivery_info: Mapping[str, object] | None) -> Line | None:
-    """The line whose queue the message came from; None if that is not a line's queue."""
+def _by_line(
+    rt: Runtime, delivery_info: Mapping[str, object] | None, ids: list[str]
+) -> list[tuple[Line, list[str]]]:
+    """The records of the message by line: all of them the line of the queue it came from;
+    from another queue (a worker started with `celery -A ... -Q` on a queue of its own),
+    each record's own line, read from the journal (a record it does not hold is skipped)."""
     queue = (delivery_info or {}).get("routing_key")
-    return rt.lines.get(queue) if queue in rt.lines.names() else None
+    if queue in rt.lines.names():
+        return [(rt.lines.get(str(queue)), ids)]
+    by_line: dict[str, list[str]] = {}
+    with rt.journal.reading("the lines of a message's records") as conn:
+        for record_id in ids:
+            record = store.get_record(conn, record_id)
+            if record is not None and record.line in rt.lines.names():
+                by_line.setdefault(record.line, []).append(record_id)
+    return [(rt.lines.get(name), of_line) for name, of_line in by_line.items()]

@@ -100,8 +100,8 @@ def _at_delay(bench: BenchStack, delay_ms: int) -> dict[str, Any]:
         "records": count,
         "concurrency": line.settings.concurrency,
         # Ours: `pipeline worker LINE` as it starts by default on an HTTP-sink line, one
-        # process with a thread pool of `delivery_threads`.
-        "ours_pool": f"1 process, {line.settings.delivery_threads} threads",
+        # process keeping `deliveries_in_flight` deliveries in flight on its event loop.
+        "ours_pool": f"1 process, {line.settings.deliveries_in_flight} deliveries in flight",
         "batch_size": line.batch_size,
         "downstream_alone_per_s": alone,
         "downstream_alone_connections": CHECK_CONNECTIONS,

@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 
-from app.delivery.paused import PausedLines
+from app.delivery.pause import PausedLines
 from app.delivery.push import Pusher
 from app.errors import BrokerUnavailable, JournalUnavailable
 from app.journal import store
@@ -31,7 +31,7 @@ class Acceptance:
     """The stored record, its status after admission, and whether this call created it.
 
     `caller_runs` means the queue was full under that policy: the caller must now run the
-    record itself (`AttemptRunner.run_record`) before it answers."""
+    record itself (the attempt engine, `app.delivery.engine`) before it answers."""
 
     record: Record
     status: RecordStatus

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -74,79 +75,106 @@ class Change(StrEnum):
     CLOSED = "closed"
 
 
-# KEYS: circuit, ok buckets, failed buckets. ARGV: 1 health (up/down/unsaid), 2 window s,
-# 3 min attempts, 4 probe interval ms, 5 owner (the probe's, or ""), 6 ramp ms.
-# Returns {change, state, failed in window, counted in window}.
-_OUTCOME = """
+# KEYS: circuit, ok buckets, failed buckets. ARGV: 1 window s, 2 min attempts, 3 probe
+# interval ms, 4 ramp ms, then for each outcome, in the order they ended: its health
+# (up/down/unsaid), its owner (the probe's, or ""), and the ms its answer asked the line to
+# wait (`Retry-After`, 0: none). Returns {change, state, failed in window, counted in window}.
+_OUTCOMES = """
 local now = redis.call('TIME')
 local now_ms = now[1] * 1000 + math.floor(now[2] / 1000)
 local sec = now[1]
-local health = ARGV[1]
-local ok = health == 'up'
-local window = tonumber(ARGV[2])
+local window = tonumber(ARGV[1])
+local interval, ramp = tonumber(ARGV[3]), tonumber(ARGV[4])
+local existed = redis.call('EXISTS', KEYS[1]) == 1
 local state = redis.call('HGET', KEYS[1], 'state') or 'closed'
-if state == 'open' then
-  if ok then
-    redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
-    redis.call('HSET', KEYS[1], 'closed_ms', now_ms)
-    redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[6]))
-    return {'closed', 'closed', 0, 0}
-  end
-  if ARGV[5] ~= '' and redis.call('HGET', KEYS[1], 'probe') == ARGV[5] then
-    redis.call('HDEL', KEYS[1], 'probe', 'probe_until_ms')
-    if health == 'down' then
-      redis.call('HSET', KEYS[1], 'next_probe_ms', now_ms + tonumber(ARGV[4]))
+local change = 'none'
+local ups, downs, hold = 0, 0, 0
+for i = 5, #ARGV, 3 do
+  local health, owner, asked = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2])
+  if asked > hold then hold = asked end
+  if state == 'open' then
+    if health == 'up' then
+      redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
+      redis.call('HSET', KEYS[1], 'closed_ms', now_ms)
+      redis.call('PEXPIRE', KEYS[1], ramp)
+      existed, state, change = true, 'closed', 'closed'
+    elseif owner ~= '' and redis.call('HGET', KEYS[1], 'probe') == owner then
+      redis.call('HDEL', KEYS[1], 'probe', 'probe_until_ms')
+      if health == 'down' then
+        redis.call('HSET', KEYS[1], 'next_probe_ms', now_ms + interval)
+      end
     end
+  elseif health == 'up' then
+    ups = ups + 1
+  elseif health == 'down' then
+    downs = downs + 1
   end
-  return {'none', 'open', 0, 0}
 end
-if health == 'unsaid' then return {'none', 'closed', 0, 0} end
-redis.call('HINCRBY', ok and KEYS[2] or KEYS[3], sec, 1)
-redis.call('EXPIRE', KEYS[2], window + 5)
-redis.call('EXPIRE', KEYS[3], window + 5)
 local counted, failed = 0, 0
-for i, key in ipairs({KEYS[2], KEYS[3]}) do
-  local fields = redis.call('HGETALL', key)
-  for j = 1, #fields, 2 do
-    if tonumber(fields[j]) <= sec - window then
-      redis.call('HDEL', key, fields[j])
-    else
-      counted = counted + tonumber(fields[j + 1])
-      if i == 2 then failed = failed + tonumber(fields[j + 1]) end
+if state == 'closed' and ups + downs > 0 then
+  if ups > 0 then redis.call('HINCRBY', KEYS[2], sec, ups) end
+  if downs > 0 then redis.call('HINCRBY', KEYS[3], sec, downs) end
+  redis.call('EXPIRE', KEYS[2], window + 5)
+  redis.call('EXPIRE', KEYS[3], window + 5)
+  for i, key in ipairs({KEYS[2], KEYS[3]}) do
+    local fields = redis.call('HGETALL', key)
+    for j = 1, #fields, 2 do
+      if tonumber(fields[j]) <= sec - window then
+        redis.call('HDEL', key, fields[j])
+      else
+        counted = counted + tonumber(fields[j + 1])
+        if i == 2 then failed = failed + tonumber(fields[j + 1]) end
+      end
     end
   end
+  if counted >= tonumber(ARGV[2]) and failed * 2 > counted then
+    redis.call('DEL', KEYS[1])  -- a ramp's counts and lifetime with it: an open circuit stays
+    redis.call('HSET', KEYS[1], 'state', 'open', 'opened_ms', now_ms,
+               'next_probe_ms', now_ms + interval, 'failed', failed, 'counted', counted)
+    existed, state, change = true, 'open', 'opened'
+  end
 end
-if counted >= tonumber(ARGV[3]) and failed * 2 > counted then
-  redis.call('DEL', KEYS[1])  -- a ramp's counts and lifetime with it: an open circuit stays
-  redis.call('HSET', KEYS[1], 'state', 'open', 'opened_ms', now_ms,
-             'next_probe_ms', now_ms + tonumber(ARGV[4]), 'failed', failed, 'counted', counted)
-  return {'opened', 'open', failed, counted}
+if hold > 0 then
+  local until_ms = now_ms + hold
+  if until_ms > tonumber(redis.call('HGET', KEYS[1], 'hold_until_ms') or 0) then
+    redis.call('HSET', KEYS[1], 'hold_until_ms', until_ms)
+  end
+  local ttl = redis.call('PTTL', KEYS[1])
+  if not existed or (ttl >= 0 and ttl < hold) then redis.call('PEXPIRE', KEYS[1], hold) end
 end
-return {'none', 'closed', failed, counted}
+return {change, state, failed, counted}
 """
 
 # KEYS: circuit. ARGV: 1 owner, 2 probe lifetime ms, 3 the ramp's first second's share,
-# 4 ramp ms. Returns {admission, ms until the next probe (or the ramp's next second)}.
+# 4 ramp ms, 5 deliveries wanted. Returns {admission, deliveries granted, ms until the
+# next probe (or the ramp's next second, or the end of a downstream's Retry-After)}.
 _ADMIT = """
 local now = redis.call('TIME')
 local now_ms = now[1] * 1000 + math.floor(now[2] / 1000)
+local want = tonumber(ARGV[5])
+local hold = tonumber(redis.call('HGET', KEYS[1], 'hold_until_ms') or 0)
+if hold > now_ms then return {'wait', 0, hold - now_ms} end
 if redis.call('HGET', KEYS[1], 'state') ~= 'open' then
   local closed = tonumber(redis.call('HGET', KEYS[1], 'closed_ms') or 0)
   local since = now_ms - closed
-  if closed == 0 or since >= tonumber(ARGV[4]) then return {'go', 0} end
+  if closed == 0 or since >= tonumber(ARGV[4]) then return {'go', want, 0} end
   local sec = math.floor(since / 1000)
-  local taken = redis.call('HINCRBY', KEYS[1], 'ramp:' .. sec, 1)
-  if taken > tonumber(ARGV[3]) * 2 ^ sec then return {'wait', 1000 - since % 1000} end
-  return {'go', 0}
+  local share = tonumber(ARGV[3]) * 2 ^ sec
+  local taken = tonumber(redis.call('HGET', KEYS[1], 'ramp:' .. sec) or 0)
+  local granted = math.max(0, math.min(want, share - taken))
+  if granted == 0 then return {'wait', 0, 1000 - since % 1000} end
+  redis.call('HINCRBY', KEYS[1], 'ramp:' .. sec, granted)
+  if granted < want then return {'go', granted, 1000 - since % 1000} end
+  return {'go', granted, 0}
 end
 local probe_until = tonumber(redis.call('HGET', KEYS[1], 'probe_until_ms') or 0)
 local next_probe = tonumber(redis.call('HGET', KEYS[1], 'next_probe_ms') or 0)
-if probe_until > now_ms then return {'wait', math.max(probe_until, next_probe) - now_ms} end
+if probe_until > now_ms then return {'wait', 0, math.max(probe_until, next_probe) - now_ms} end
 if now_ms >= next_probe then
   redis.call('HSET', KEYS[1], 'probe', ARGV[1], 'probe_until_ms', now_ms + tonumber(ARGV[2]))
-  return {'probe', 0}
+  return {'probe', 1, 0}
 end
-return {'wait', next_probe - now_ms}
+return {'wait', 0, next_probe - now_ms}
 """
 
 # KEYS: circuit. ARGV: 1 owner.
@@ -160,10 +188,23 @@ return 1
 
 @dataclass(frozen=True, kw_only=True)
 class Verdict:
-    """The circuit's answer to a delivery about to start: go, probe, or wait `wait_s`."""
+    """The circuit's answer to deliveries about to start: go (`granted` of them; the
+    others wait `wait_s`), probe (the first alone), or wait `wait_s`."""
 
     admission: Admission
+    granted: int = 0
     wait_s: float = 0.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Outcome:
+    """What one delivery's outcome says to its line's circuit: its downstream's `health`,
+    the probe's `owner` when it was one, and the seconds its answer asked the line to
+    wait (`Retry-After`)."""
+
+    health: Health
+    owner: str = ""
+    retry_after_s: float = 0.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -206,47 +247,64 @@ class Circuits:
 
     def __init__(self, client: redis.Redis) -> None:
         self._redis = client
-        self._outcome = client.register_script(_OUTCOME)
+        self._outcomes = client.register_script(_OUTCOMES)
         self._admit = client.register_script(_ADMIT)
         self._drop = client.register_script(_DROP)
 
     def admit(
-        self, line: str, settings: LineSettings, *, owner: str, probe_lifetime_s: float
+        self,
+        line: str,
+        settings: LineSettings,
+        *,
+        owner: str,
+        probe_lifetime_s: float,
+        want: int = 1,
     ) -> Verdict:
-        """Whether a delivery of `line` may start now. A probe is `owner`'s until its
-        outcome is counted, or for `probe_lifetime_s` at most (its worker may die); in
-        the ramp after a close, a delivery past its second's share waits. Raises
+        """Whether `want` deliveries of `line` may start now, in one round trip. A probe is
+        `owner`'s until its outcome is counted, or for `probe_lifetime_s` at most (its
+        worker may die); in the ramp after a close, deliveries past the second's share
+        wait; while a downstream's `Retry-After` runs, every delivery waits. Raises
         `BrokerUnavailable`."""
         try:
-            admission, wait_ms = self._admit(
+            admission, granted, wait_ms = self._admit(
                 keys=[CIRCUIT_KEY.format(line=line)],
                 args=[
                     owner,
                     math.ceil(probe_lifetime_s * 1000),
                     settings.circuit_min_attempts,
                     RAMP_S * 1000,
+                    want,
                 ],
             )
         except redis.RedisError as exc:
             raise BrokerUnavailable(f"the circuit of {line}: {exc}") from exc
-        return Verdict(admission=Admission(_text(admission)), wait_s=int(wait_ms) / 1000)
+        return Verdict(
+            admission=Admission(_text(admission)), granted=int(granted), wait_s=int(wait_ms) / 1000
+        )
 
     def count(
         self, line: str, settings: LineSettings, *, health: Health, owner: str = ""
     ) -> Counted:
-        """Count what a delivery's outcome says of the downstream (`owner`: the probe's,
-        when it was one). Raises `BrokerUnavailable`."""
+        """`count_all` of one outcome."""
+        return self.count_all(line, settings, [Outcome(health=health, owner=owner)])
+
+    def count_all(self, line: str, settings: LineSettings, outcomes: Sequence[Outcome]) -> Counted:
+        """Count what deliveries' outcomes, in the order they ended, say of the downstream,
+        in one round trip; the circuit's change (the last) and its state after them. An
+        answer's `Retry-After` holds every delivery of the line until it has passed.
+        Raises `BrokerUnavailable`."""
+        args: list[str | int] = [
+            math.ceil(settings.circuit_window_s),
+            settings.circuit_min_attempts,
+            math.ceil(settings.circuit_probe_interval_s * 1000),
+            RAMP_S * 1000,
+        ]
+        for outcome in outcomes:
+            args += [outcome.health.value, outcome.owner, math.ceil(outcome.retry_after_s * 1000)]
         try:
-            change, state, failed, counted = self._outcome(
+            change, state, failed, counted = self._outcomes(
                 keys=[key.format(line=line) for key in (CIRCUIT_KEY, OK_KEY, FAILED_KEY)],
-                args=[
-                    health.value,
-                    math.ceil(settings.circuit_window_s),
-                    settings.circuit_min_attempts,
-                    math.ceil(settings.circuit_probe_interval_s * 1000),
-                    owner,
-                    RAMP_S * 1000,
-                ],
+                args=args,
             )
         except redis.RedisError as exc:
             raise BrokerUnavailable(f"the circuit of {line}: {exc}") from exc

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import math
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import redis
@@ -24,55 +25,50 @@ SLOTS_KEY = "pipeline:inflight:{line}"
 # second is `rate * (1 + BURST_SHARE)` at most, however long the line was idle.
 BURST_SHARE = 0.1
 
-# KEYS[1]: the bucket (a hash: tokens, at_ms). ARGV: rate per s, capacity.
-# Returns {1, 0} when a token was taken, else {0, ms until the next one}.
-_TAKE = """
+# KEYS: the bucket (a hash: tokens, at_ms), the slots (a sorted set: member -> expiry ms).
+# ARGV: 1 deliveries wanted, 2 rate per s ("": none), 3 capacity, 4 concurrency ("": none),
+# 5 slot lifetime ms, 6 the slots' member prefix. Returns {granted, ms to wait when none}.
+_ASK = """
 local now = redis.call('TIME')
 local now_ms = now[1] * 1000 + math.floor(now[2] / 1000)
-local rate, capacity = tonumber(ARGV[1]), tonumber(ARGV[2])
-local tokens = tonumber(redis.call('HGET', KEYS[1], 'tokens') or capacity)
-local at_ms = tonumber(redis.call('HGET', KEYS[1], 'at_ms') or now_ms)
-tokens = math.min(capacity, tokens + math.max(0, now_ms - at_ms) * rate / 1000)
-local taken = 0
+local granted = tonumber(ARGV[1])
 local wait_ms = 0
-if tokens >= 1 then
-  tokens = tokens - 1
-  taken = 1
-else
-  wait_ms = math.ceil((1 - tokens) * 1000 / rate)
+if ARGV[4] ~= '' then
+  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now_ms)
+  local free = tonumber(ARGV[4]) - redis.call('ZCARD', KEYS[2])
+  if free < granted then granted = math.max(0, free) end
+  if granted == 0 then wait_ms = 5 end
 end
-redis.call('HSET', KEYS[1], 'tokens', tostring(tokens), 'at_ms', now_ms)
-redis.call('PEXPIRE', KEYS[1], math.ceil(capacity * 1000 / rate) + 1000)
-return {taken, wait_ms}
+local tokens, rate, capacity
+if ARGV[2] ~= '' then
+  rate, capacity = tonumber(ARGV[2]), tonumber(ARGV[3])
+  tokens = tonumber(redis.call('HGET', KEYS[1], 'tokens') or capacity)
+  local at_ms = tonumber(redis.call('HGET', KEYS[1], 'at_ms') or now_ms)
+  tokens = math.min(capacity, tokens + math.max(0, now_ms - at_ms) * rate / 1000)
+  if math.floor(tokens) < granted then granted = math.floor(tokens) end
+  if granted == 0 then wait_ms = math.max(wait_ms, math.ceil((1 - tokens) * 1000 / rate)) end
+  redis.call('HSET', KEYS[1], 'tokens', tostring(tokens - granted), 'at_ms', now_ms)
+  redis.call('PEXPIRE', KEYS[1], math.ceil(capacity * 1000 / rate) + 1000)
+end
+if ARGV[4] ~= '' then
+  for i = 1, granted do
+    redis.call('ZADD', KEYS[2], now_ms + tonumber(ARGV[5]), ARGV[6] .. i)
+  end
+  redis.call('PEXPIRE', KEYS[2], tonumber(ARGV[5]) + 1000)
+end
+return {granted, wait_ms}
 """
-
-# KEYS[1]: the slots (a sorted set: member -> expiry ms). ARGV: limit, member, lifetime ms.
-# Returns 1 when the slot was taken.
-_ACQUIRE = """
-local now = redis.call('TIME')
-local now_ms = now[1] * 1000 + math.floor(now[2] / 1000)
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now_ms)
-if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[1]) then return 0 end
-redis.call('ZADD', KEYS[1], now_ms + tonumber(ARGV[3]), ARGV[2])
-redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[3]) + 1000)
-return 1
-"""
-
-# How long a delivery waits between two asks for a slot.
-SLOT_POLL_S = 0.005
 
 
 @dataclass(frozen=True, kw_only=True)
 class Grant:
-    """What an ask got: a slot (its member, None when the line has no concurrency limit),
-    or how long to wait before asking again (`wait_s` > 0: nothing was taken)."""
+    """What an ask got: `count` deliveries may start, holding `slots` (their members;
+    empty when the line has no concurrency limit); when none may, `wait_s` says how long
+    to wait before asking again."""
 
-    slot: str | None = None
+    count: int
+    slots: tuple[str, ...] = ()
     wait_s: float = 0.0
-
-    @property
-    def granted(self) -> bool:
-        return self.wait_s == 0.0
 
 
 class DeliveryLimits:
@@ -80,42 +76,42 @@ class DeliveryLimits:
 
     def __init__(self, client: redis.Redis) -> None:
         self._redis = client
-        self._take = client.register_script(_TAKE)
-        self._acquire = client.register_script(_ACQUIRE)
+        self._ask = client.register_script(_ASK)
 
-    def ask(self, line: str, settings: LineSettings, *, lifetime_s: float) -> Grant:
-        """Ask for one delivery of `line` now: a slot under `delivery_concurrency` (kept
-        `lifetime_s` at most) and a token of `delivery_rate`. Nothing is taken unless both
-        are: the answer then says how long to wait. Raises `BrokerUnavailable`."""
+    def ask(self, line: str, settings: LineSettings, *, want: int, lifetime_s: float) -> Grant:
+        """Ask for up to `want` deliveries of `line` now, in one round trip: as many as
+        there are tokens of `delivery_rate` and slots under `delivery_concurrency` (each
+        kept `lifetime_s` at most). Raises `BrokerUnavailable`."""
+        limited = settings.delivery_concurrency is not None
+        if settings.delivery_rate is None and not limited:
+            return Grant(count=want)
+        rate = settings.delivery_rate
+        prefix = f"{uuid.uuid4().hex}:"
         try:
-            slot = None
-            if settings.delivery_concurrency is not None:
-                slot = uuid.uuid4().hex
-                got = self._acquire(
-                    keys=[SLOTS_KEY.format(line=line)],
-                    args=[settings.delivery_concurrency, slot, math.ceil(lifetime_s * 1000)],
-                )
-                if not got:
-                    return Grant(wait_s=SLOT_POLL_S)
-            if settings.delivery_rate is not None:
-                rate = settings.delivery_rate
-                taken, wait_ms = self._take(
-                    keys=[BUCKET_KEY.format(line=line)], args=[rate, bucket_capacity(rate)]
-                )
-                if not taken:
-                    if slot is not None:
-                        self.release(line, slot)
-                    return Grant(wait_s=max(0.001, int(wait_ms) / 1000))
+            granted, wait_ms = self._ask(
+                keys=[BUCKET_KEY.format(line=line), SLOTS_KEY.format(line=line)],
+                args=[
+                    want,
+                    "" if rate is None else rate,
+                    "" if rate is None else bucket_capacity(rate),
+                    "" if settings.delivery_concurrency is None else settings.delivery_concurrency,
+                    math.ceil(lifetime_s * 1000),
+                    prefix,
+                ],
+            )
         except redis.RedisError as exc:
             raise BrokerUnavailable(f"the delivery limits of {line}: {exc}") from exc
-        return Grant(slot=slot)
+        count = int(granted)
+        slots = tuple(f"{prefix}{i}" for i in range(1, count + 1)) if limited else ()
+        return Grant(count=count, slots=slots, wait_s=int(wait_ms) / 1000)
 
-    def release(self, line: str, slot: str | None) -> None:
-        """Give back a slot `ask` granted. A slot that cannot be given back lapses."""
-        if slot is None:
+    def release(self, line: str, slots: Sequence[str]) -> None:
+        """Give back slots `ask` granted, in one round trip. A slot that cannot be given
+        back lapses."""
+        if not slots:
             return
-        with contextlib.suppress(redis.RedisError):  # else it lapses at its expiry
-            self._redis.zrem(SLOTS_KEY.format(line=line), slot)
+        with contextlib.suppress(redis.RedisError):  # else they lapse at their expiry
+            self._redis.zrem(SLOTS_KEY.format(line=line), *slots)
 
     def in_flight(self, line: str) -> int:
         """Deliveries of `line` holding a slot now (0 for a line without the limit)."""

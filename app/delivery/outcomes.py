@@ -1,24 +1,85 @@
-"""What an attempt came to: its row in the journal's attempts (`app.journal.attempt_log`),
-and the result the worker's task reports (Flower shows it)."""
+"""What an attempt came to, and the one place that records it: done, failed (its retry
+due, after the line's backoff), dead, or given back without spending an attempt (its
+line's circuit was open, or it never started); its row in the journal's attempts
+(`app.journal.attempt_log`), its span, and the result the worker's task reports (Flower
+shows it)."""
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import httpx
 from sqlalchemy import Connection
 
+from app.delivery.circuit import counts_against
 from app.errors import DeliveryFailed
+from app.journal import attempts
 from app.journal.attempt_log import Attempt, Outcome, new_attempt
 from app.journal.attempts import why_not_claimed, worker_of
 from app.journal.models import Record, RecordStatus
+from app.line_settings import LineSettings
+from app.lines import Line
 from app.logs import get_logger
 from app.observe.alerts import Alerter
 from app.observe.events import Event
 from app.observe.telemetry import Counter, Telemetry
+from app.observe.tracing import Span
 
 log = get_logger(__name__)
+
+# How long after the circuit's next probe a postponed record is due, at most (spread, so
+# the records of an outage do not all come back in the same second).
+POSTPONE_SPREAD = 1.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Decision:
+    """After a failed attempt: retry at `retry_at`, or give up (`retry_at` is None)."""
+
+    retry_at: datetime | None
+
+    @property
+    def dead(self) -> bool:
+        return self.retry_at is None
+
+
+def backoff_s(attempts: int, *, initial_s: float, max_s: float, rng: random.Random) -> float:
+    """Full jitter: uniform in [0, min(max_s, initial_s * 2^(attempts-1))]."""
+    ceiling = min(max_s, initial_s * 2 ** max(attempts - 1, 0))
+    return rng.uniform(0, ceiling)
+
+
+def decide(attempts: int, *, policy: LineSettings, now: datetime, rng: random.Random) -> Decision:
+    """What to do after attempt number `attempts` (the first is 1) failed."""
+    if attempts >= policy.max_attempts:
+        return Decision(retry_at=None)
+    delay_s = backoff_s(
+        attempts, initial_s=policy.backoff_initial_s, max_s=policy.backoff_max_s, rng=rng
+    )
+    return Decision(retry_at=now + timedelta(seconds=delay_s))
+
+
+@dataclass(kw_only=True)
+class Flight:
+    """A claimed record's attempt as it ended: its answer's status, its error (None:
+    delivered), or why it never started (`not_started`: it spends no attempt); the circuit
+    owner it probed as (empty: not a probe); whether the circuit was open when it ended
+    (its failure then spends no attempt); its span, open until its outcome is recorded."""
+
+    record: Record
+    started_at: datetime
+    finished_at: datetime
+    http_status: int | None = None
+    error: Exception | None = None
+    not_started: str | None = None
+    retry_in_s: float = 0.0
+    probe: str = ""
+    # Whether its outcome says anything of the downstream (the circuit counts it).
+    counts: bool = True
+    circuit_open: bool = False
+    span: Span | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -88,14 +149,124 @@ def attempt_row(
     )
 
 
-def log_skipped(conn: Connection, record_id: str, now: datetime) -> None:
-    """Say why a message's record was not run: it is final, waiting for its retry, or in
-    flight under another attempt's lease (that attempt records the outcome)."""
-    log.info(
-        "record_skipped",
-        record_id=record_id,
-        reason=why_not_claimed(conn, record_id, now=now),
+def record_outcome(
+    conn: Connection, flight: Flight, owner: str, line: Line, *, now: datetime, rng: random.Random
+) -> tuple[AttemptResult, Attempt | None]:
+    """Record one attempt's outcome, while its lease is held: its result, and its attempt's
+    row (None: it never started, so it was no attempt). The one place that decides done,
+    failed (and when it is due again) or dead."""
+    record = flight.record
+    if flight.not_started is not None:
+        retry_at = now + timedelta(seconds=flight.retry_in_s)
+        attempts.give_back(
+            conn, record, owner=owner, error=flight.not_started, retry_at=retry_at, now=now
+        )
+        return AttemptResult(record_id=record.id), None
+    error: str | None = None
+    if flight.error is None:
+        moved = attempts.mark_done(conn, record, owner=owner, now=now)
+        status = RecordStatus.DONE
+        outcome = Outcome.DONE if moved else Outcome.LEASE_LOST
+    else:
+        error = f"{type(flight.error).__name__}: {flight.error}"
+        # Not before the downstream asked (a 429 or 503 with Retry-After).
+        asked = timedelta(seconds=retry_after_of(flight.error) or 0.0)
+        if flight.circuit_open and counts_against(flight.http_status):
+            # The downstream is down, not the record: the attempt does not count. (A
+            # refusal of the record itself, a 4xx, spends its attempt, open or not.)
+            wait_s = line.settings.circuit_probe_interval_s + rng.uniform(0, POSTPONE_SPREAD)
+            moved = attempts.give_back(
+                conn,
+                record,
+                owner=owner,
+                error=f"{error} (not counted: the circuit of {line.name} is open)",
+                retry_at=now + max(timedelta(seconds=wait_s), asked),
+                now=now,
+            )
+            status = RecordStatus.FAILED
+        else:
+            decision = decide(record.attempts, policy=line.settings, now=now, rng=rng)
+            next_at = None if decision.dead else max(decision.retry_at or now, now + asked)
+            moved = attempts.mark_failed(
+                conn, record, owner=owner, error=error, retry_at=next_at, now=now
+            )
+            status = RecordStatus.DEAD if decision.dead else RecordStatus.FAILED
+        outcome = failure_outcome(flight.error) if moved else Outcome.LEASE_LOST
+    row = attempt_row(
+        record,
+        owner=owner,
+        started_at=flight.started_at,
+        finished_at=flight.finished_at,
+        outcome=outcome,
+        http_status=flight.http_status,
+        error=flight.error,
     )
+    if not moved:
+        log_lease_lost(record, outcome=status)
+        return AttemptResult(
+            record_id=record.id,
+            record=record,
+            outcome=Outcome.LEASE_LOST,
+            error=f"the outcome ({status.value}) was ignored: another attempt took the record over",
+        ), row
+    return AttemptResult(
+        record_id=record.id, record=record, status=status, outcome=outcome, error=error
+    ), row
+
+
+def report(result: AttemptResult, line: Line, *, telemetry: Telemetry, alerts: Alerter) -> None:
+    """Count and log what an attempt came to (and alert a dead record)."""
+    record = result.record
+    if record is None or result.outcome is None:
+        return
+    if result.status is RecordStatus.DONE:
+        telemetry.count(Counter.DONE, line=line.name)
+        log.info("record_done", record_id=record.id, line=line.name, attempts=record.attempts)
+    elif result.status is RecordStatus.DEAD:
+        report_dead(record, result.error or "", telemetry=telemetry, alerts=alerts)
+    elif result.status is RecordStatus.FAILED:
+        telemetry.count(Counter.FAILED, line=line.name)
+        log.warning(
+            "attempt_failed",
+            record_id=record.id,
+            line=line.name,
+            attempts=record.attempts,
+            error=result.error,
+        )
+
+
+def attempt_span(record_id: str, line: Line | None) -> tuple[str, dict[str, str]]:
+    """The name and attributes of an attempt's span."""
+    queue = line.queue if line is not None else "unknown"
+    return f"attempt {queue}", {
+        "messaging.system": "redis",
+        "messaging.operation.type": "process",
+        "messaging.destination.name": queue,
+        "pipeline.record_id": record_id,
+    }
+
+
+def describe_attempt(span: Span, result: AttemptResult | None) -> None:
+    """What the attempt came to, on its span (None: its outcome was not recorded)."""
+    if result is None:
+        span.fail("the outcome was not recorded: the journal did not answer")
+        return
+    if result.record is not None:
+        span.set_attribute("pipeline.attempt", result.record.attempts)
+        span.set_attribute("pipeline.business_no", result.record.business_no)
+    if result.outcome is not None:
+        span.set_attribute("pipeline.outcome", result.outcome.value)
+    if result.failed:
+        span.fail(result.error or "the attempt failed")
+
+
+def log_skipped(conn: Connection, record_id: str, now: datetime) -> str | None:
+    """Say why a message's record was not claimed: it is unknown, final, waiting for its
+    retry, in flight under another attempt's lease (that attempt records the outcome), or
+    of another line than the message's. Returns its line (None: unknown)."""
+    reason, line = why_not_claimed(conn, record_id, now=now)
+    log.info("record_skipped", record_id=record_id, reason=reason, line=line)
+    return line
 
 
 def log_lease_lost(record: Record, *, outcome: RecordStatus) -> None:

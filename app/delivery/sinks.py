@@ -1,35 +1,32 @@
-"""The built-in sinks. Both are idempotent.
+"""The sinks: where an attempt delivers its record. Both built-in ones are idempotent.
 
 - Table sink: upserts by business number into the line's table (`sink = table:<name>`) in
-  the journal's database, in the same transaction that marks the record done;
-  `sink_rows` is keyed by (line, business number), and `order_status` keeps the newest
-  `occurred_at`.
+  the journal's database, in the same transaction that claims the record and marks it
+  done; `sink_rows` is keyed by (line, business number), and `order_status` keeps the
+  newest `occurred_at`. A record the table refuses fails alone (`write_claimed`).
 - HTTP sink: POSTs `{id, line, business_no, payload}` with `Idempotency-Key: <id>` and
   `X-Attempt: <attempt number>`, signed as Standard Webhooks do when the line has a
-  `signing_secret`;
-  an answer among the line's `delivered_statuses` (2xx by default) is delivered, anything
-  else (or no answer within the line's `delivery_timeout_s`) is a failed attempt.
+  `signing_secret`, over an async client with a kept-alive pool (`http_client`); an answer
+  among the line's `delivered_statuses` (2xx by default) is delivered, anything else (or
+  no whole answer within the line's `delivery_timeout_s`) is a failed attempt.
+- Handler: the line's own function, on a thread, within the same `delivery_timeout_s`.
 
-A delivery has one deadline: `delivery_timeout_s` bounds its request from connect to last
-byte, however the downstream trickles its answer. httpx's timeouts are per phase and per
-read (a byte every few seconds would keep a request open for ever), so the HTTP sink's
-transport reads and writes through a network backend that cuts every step short at the
-deadline of the request its thread is making (`deadline`)."""
+A delivery has one deadline: `delivery_timeout_s` bounds it from connect to the answer's
+last byte (or the handler's return), however a downstream trickles its answer."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import email.utils
 import json
-import ssl
-import threading
 import time
 import urllib.parse
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-import httpcore
+import aiohttp
 import httpx
 from pydantic import SecretStr
 from sqlalchemy import Connection, Table, bindparam, select
@@ -40,6 +37,7 @@ from app.clock import as_utc
 from app.errors import DeliveryFailed
 from app.journal.models import Record, order_status, orders, refunds, sink_rows
 from app.journal.store import among
+from app.observe.tracing import NO_SPAN, NO_TRACING, Span, SpanKind, Tracing
 from app.sink_settings import DeliveredStatuses
 
 # The table that keeps the newest status per order (not a payload per business number).
@@ -56,9 +54,8 @@ HTTP_TIMEOUT_S = 10.0
 MAX_RETRY_AFTER_S = 3600.0
 
 
-# The HTTP sink's client's pool: kept-alive connections for the most deliveries a line
-# may keep in flight in one process (`delivery_threads`).
-HTTP_LIMITS = httpx.Limits(max_connections=None, max_keepalive_connections=256)
+# Client spans fail on these answers (OpenTelemetry's HTTP conventions for a client).
+FIRST_ERROR_STATUS = 400
 
 
 # Built once per (dialect, table): the worker runs them for every record.
@@ -121,6 +118,34 @@ def write_table_sink_all(
     conn.execute(_upsert(conn, sink), [_sink_row(sink, record, now) for record in batch])
 
 
+def write_rows(
+    conn: Connection, batch: Sequence[Record], *, table: str, now: datetime
+) -> dict[str, Exception]:
+    """Write the sink rows of `batch` (records claimed in this transaction) into `table`:
+    all at once in a savepoint, else (the table refused one) one savepoint each, so that a
+    record the table refuses fails alone. Returns the refused records' errors by id."""
+    if not batch or (len(batch) > 1 and _all_at_once(conn, batch, table=table, now=now)):
+        return {}
+    refused: dict[str, Exception] = {}
+    for record in batch:
+        try:
+            with conn.begin_nested():
+                write_table_sink(conn, record, table=table, now=now)
+        except Exception as exc:  # noqa: BLE001 - e.g. a payload the table refuses
+            refused[record.id] = exc
+    return refused
+
+
+def _all_at_once(conn: Connection, batch: Sequence[Record], *, table: str, now: datetime) -> bool:
+    """`write_table_sink_all` in a savepoint; False, with nothing of it kept, when it fails."""
+    try:
+        with conn.begin_nested():
+            write_table_sink_all(conn, batch, table=table, now=now)
+    except Exception:  # noqa: BLE001 - the caller finds it again, record by record
+        return False
+    return True
+
+
 def _sink_row(table: Table, record: Record, now: datetime) -> dict[str, Any]:
     values: dict[str, Any] = {
         "business_no": record.business_no,
@@ -136,23 +161,26 @@ def _sink_row(table: Table, record: Record, now: datetime) -> dict[str, Any]:
     return values
 
 
-def deliver_http(
-    client: httpx.Client,
+async def deliver_http(  # noqa: PLR0913 - the line's delivery settings, keyword-only
+    session: aiohttp.ClientSession,
     record: Record,
     *,
     url: str,
     delivered: DeliveredStatuses,
     timeout_s: float,
     signing_secret: SecretStr | None = None,
+    tracing: Tracing = NO_TRACING,
     clock: Callable[[], float] = time.time,
 ) -> int:
     """POST `record` to `url`, with `Idempotency-Key: <id>` and `X-Attempt: <attempt
     number>` (a downstream sees a repeat as a later attempt); with a `signing_secret`
     (`whsec_…`), signed as Standard Webhooks do, over the exact bytes sent: `webhook-id`
     (the record id), `webhook-timestamp` (`clock()`, at this attempt) and
-    `webhook-signature`. Returns the answer's status code. Raises `DeliveryFailed` (with
-    the `http_status` of the answer, if any) unless that code is in `delivered`, or when
-    none came within `timeout_s`, one deadline from connect to last byte."""
+    `webhook-signature`. Within a span of `tracing`, the request has a client span of its
+    own, whose traceparent it carries. Returns the answer's status code. Raises
+    `DeliveryFailed` (with the `http_status` of the answer, if any) unless that code is in
+    `delivered`, or when none came whole within `timeout_s`, one deadline from connect to
+    last byte."""
     content = _body(record)
     headers = _headers(record)
     if signing_secret is not None:
@@ -161,32 +189,77 @@ def deliver_http(
             key, msg_id=record.id, timestamp_s=int(clock()), body=content
         )
     shown = redact_url(url)
-    try:
-        with deadline(timeout_s):
-            response = client.post(url, content=content, headers=headers, timeout=timeout_s)
-    except httpx.HTTPError as exc:
-        raise DeliveryFailed(f"POST {shown}: {type(exc).__name__}") from exc
-    if response.status_code not in delivered:
-        retry_after_s = retry_after(response, now_s=clock())
+    with _client_span(tracing, url, headers) as span:
+        try:
+            async with asyncio.timeout(timeout_s):
+                async with session.post(
+                    url, data=content, headers=headers, allow_redirects=False
+                ) as response:
+                    await response.read()
+                    status, answered = response.status, response.headers
+        except TimeoutError as exc:
+            span.fail("no whole answer in time")
+            raise DeliveryFailed(f"POST {shown}: no whole answer within {timeout_s:g} s") from exc
+        except aiohttp.ClientError as exc:
+            span.fail(type(exc).__name__)
+            raise DeliveryFailed(f"POST {shown}: {type(exc).__name__}") from exc
+        span.set_attribute("http.response.status_code", status)
+        if status >= FIRST_ERROR_STATUS:
+            span.fail(f"HTTP {status}")
+    if status not in delivered:
+        retry_after_s = retry_after(status, answered, now_s=clock())
         if retry_after_s is not None:
             raise DeliveryFailed(
-                f"POST {shown}: HTTP {response.status_code}, Retry-After {retry_after_s:g} s",
-                http_status=response.status_code,
+                f"POST {shown}: HTTP {status}, Retry-After {retry_after_s:g} s",
+                http_status=status,
                 retry_after_s=retry_after_s,
             )
-        raise DeliveryFailed(
-            f"POST {shown}: HTTP {response.status_code}", http_status=response.status_code
-        )
-    return response.status_code
+        raise DeliveryFailed(f"POST {shown}: HTTP {status}", http_status=status)
+    return status
 
 
-def retry_after(response: httpx.Response, *, now_s: float) -> float | None:
+@contextlib.contextmanager
+def _client_span(tracing: Tracing, url: str, headers: dict[str, str]) -> Iterator[Span]:
+    """The request's client span, when it is made within a span of `tracing`; its
+    traceparent goes into `headers`. Else a span that records nothing."""
+    if tracing.current_traceparent() is None:
+        yield NO_SPAN
+        return
+    parts = urllib.parse.urlsplit(url)
+    attributes: dict[str, str | int] = {
+        "http.request.method": "POST",
+        "url.full": redact_url(url),
+        "server.address": parts.hostname or "",
+    }
+    if parts.port is not None:
+        attributes["server.port"] = parts.port
+    with tracing.span("POST", kind=SpanKind.CLIENT, attributes=attributes) as span:
+        if span.traceparent is not None:
+            headers["traceparent"] = span.traceparent
+        yield span
+
+
+async def run_handler(
+    handler: Callable[[Record], object], record: Record, *, timeout_s: float
+) -> None:
+    """Run a line's handler on `record`, on a thread, within `timeout_s`. Raises what the
+    handler raised, or `TimeoutError` when it has not returned by then (its thread cannot
+    be stopped: it runs on, and the attempt is failed, to be retried: a handler is
+    idempotent, as every sink is)."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            await asyncio.to_thread(handler, record)
+    except TimeoutError as exc:
+        raise TimeoutError(f"the handler did not return within {timeout_s:g} s") from exc
+
+
+def retry_after(status: int, headers: Mapping[str, str], *, now_s: float) -> float | None:
     """The seconds a 429 or 503 answer asks to wait (`Retry-After`: seconds, or an HTTP
     date), at most `MAX_RETRY_AFTER_S`; None for another answer, or one that asks nothing
     (or nothing readable)."""
-    if response.status_code not in (429, 503):
+    if status not in (429, 503):
         return None
-    value = response.headers.get("retry-after", "").strip()
+    value = (headers.get("Retry-After") or headers.get("retry-after") or "").strip()
     if value.isascii() and value.isdigit():
         return min(float(value), MAX_RETRY_AFTER_S)
     try:
@@ -226,118 +299,18 @@ def redact_url(url: str) -> str:
     return urllib.parse.urlunsplit((parts.scheme, f"{host}{port}", parts.path, "", ""))
 
 
-class _Deadlines(threading.local):
-    """The deadline (monotonic seconds) of the request this thread is making, if any."""
-
-    at_s: float | None = None
-
-
-_DEADLINES = _Deadlines()
+def make_http_client() -> httpx.Client:
+    """The process's client for the pipeline's own checks (replay asking a line's check
+    URL): bounded timeouts, no redirects followed."""
+    return httpx.Client(timeout=HTTP_TIMEOUT_S, follow_redirects=False)
 
 
-@contextlib.contextmanager
-def deadline(timeout_s: float) -> Iterator[None]:
-    """Every network step of the requests this thread makes within the block (through a
-    `deadline_transport`) ends `timeout_s` from now at the latest."""
-    previous = _DEADLINES.at_s
-    _DEADLINES.at_s = time.monotonic() + timeout_s
-    try:
-        yield
-    finally:
-        _DEADLINES.at_s = previous
-
-
-def _left(timeout_s: float | None, late: type[Exception]) -> float | None:
-    """A step's timeout, cut to what is left before the thread's deadline; raises `late`
-    when none is left."""
-    at_s = _DEADLINES.at_s
-    if at_s is None:
-        return timeout_s
-    left_s = at_s - time.monotonic()
-    if left_s <= 0:
-        raise late("the request's deadline passed")
-    return left_s if timeout_s is None else min(timeout_s, left_s)
-
-
-class _DeadlineStream(httpcore.NetworkStream):
-    def __init__(self, inner: httpcore.NetworkStream) -> None:
-        self._inner = inner
-
-    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
-        return self._inner.read(max_bytes, _left(timeout, httpcore.ReadTimeout))
-
-    def write(self, buffer: bytes, timeout: float | None = None) -> None:
-        self._inner.write(buffer, _left(timeout, httpcore.WriteTimeout))
-
-    def close(self) -> None:
-        self._inner.close()
-
-    def start_tls(
-        self,
-        ssl_context: ssl.SSLContext,
-        server_hostname: str | None = None,
-        timeout: float | None = None,
-    ) -> httpcore.NetworkStream:
-        inner = self._inner.start_tls(
-            ssl_context, server_hostname, _left(timeout, httpcore.ConnectTimeout)
-        )
-        return _DeadlineStream(inner)
-
-    def get_extra_info(self, info: str) -> Any:
-        return self._inner.get_extra_info(info)
-
-
-class _DeadlineBackend(httpcore.NetworkBackend):
-    """httpcore's network backend, each step within the thread's deadline."""
-
-    def __init__(self, inner: httpcore.NetworkBackend) -> None:
-        self._inner = inner
-
-    def connect_tcp(
-        self,
-        host: str,
-        port: int,
-        timeout: float | None = None,
-        local_address: str | None = None,
-        socket_options: Iterable[Any] | None = None,
-    ) -> httpcore.NetworkStream:
-        left = _left(timeout, httpcore.ConnectTimeout)
-        return _DeadlineStream(
-            self._inner.connect_tcp(host, port, left, local_address, socket_options)
-        )
-
-    def connect_unix_socket(
-        self, path: str, timeout: float | None = None, socket_options: Iterable[Any] | None = None
-    ) -> httpcore.NetworkStream:
-        left = _left(timeout, httpcore.ConnectTimeout)
-        return _DeadlineStream(self._inner.connect_unix_socket(path, left, socket_options))
-
-    def sleep(self, seconds: float) -> None:
-        self._inner.sleep(seconds)
-
-
-def deadline_transport() -> httpx.HTTPTransport:
-    """The HTTP sink's transport: pooled with keep-alive (`HTTP_LIMITS`), every request
-    made within a `deadline` cut short at it. Raises `RuntimeError` when httpx's transport
-    is not built as this relies on (its httpcore pool's network backend)."""
-    transport = httpx.HTTPTransport(limits=HTTP_LIMITS)
-    pool = getattr(transport, "_pool", None)
-    if not isinstance(pool, httpcore.ConnectionPool) or not hasattr(pool, "_network_backend"):
-        raise RuntimeError("httpx's transport has no httpcore pool's network backend to wrap")
-    pool._network_backend = _DeadlineBackend(pool._network_backend)
-    return transport
-
-
-def make_http_client(transport: httpx.BaseTransport | None = None) -> httpx.Client:
-    """The HTTP sink's client, one per process, shared by its delivery threads: pooled
-    with keep-alive (as many kept-alive connections as a line may have deliveries in
-    flight in one process), bounded timeouts, no redirects followed; over `transport`
-    when given (`app.delivery.traced_http`)."""
-    return httpx.Client(
-        timeout=HTTP_TIMEOUT_S,
-        follow_redirects=False,
-        transport=transport or deadline_transport(),
-    )
+def http_session() -> aiohttp.ClientSession:
+    """The HTTP sink's client, one per worker process, made on its delivery loop: a
+    kept-alive pool per downstream (as many connections as deliveries in flight: the
+    line's slots bound them), no redirects followed (each request says so)."""
+    connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=30)
+    return aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None))
 
 
 def stored_rows(

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import math
-import random
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -19,15 +18,12 @@ from dataclasses import dataclass
 import anyio
 from fastapi import Request
 
-from app.clock import utcnow
 from app.errors import JournalUnavailable
 from app.intake.gate import LINE_SHARE
 from app.journal import store
 from app.journal.models import RecordStatus
 from app.lines import Line
 from app.runtime import Runtime
-
-_rng = random.Random()  # noqa: S311 - backoff jitter, not cryptography
 
 
 @dataclass(kw_only=True)
@@ -66,11 +62,10 @@ def caller_run_room(request: Request, line: Line) -> CallerRunRoom:
 
 
 def run_here(rt: Runtime, line: Line, record_id: str) -> RecordStatus | None:
-    """The attempt of a record the intake runs itself (`caller_runs`): on an HTTP-sink
-    line, through the line's circuit and global limits, as its workers deliver."""
-    if not line.http_sink:
-        return rt.runner.run_record(record_id, clock=utcnow, rng=_rng)
-    (result,) = rt.deliveries.run([record_id], line=line, parents={}, clock=utcnow, rng=_rng)
+    """The attempt of a record the intake runs itself (`caller_runs`), through the same
+    engine as its workers' (on an HTTP-sink line, the line's circuit and global limits; the
+    line's one deadline on every sink)."""
+    (result,) = rt.attempts.run([record_id], line=line)
     if result.status is not None:
         return result.status
     # Not attempted (the circuit open, no room under the limits): it waits as `failed`.

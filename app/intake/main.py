@@ -11,7 +11,7 @@ from typing import Any
 from fastapi import FastAPI
 
 from app.clock import utcnow
-from app.delivery.group_commit import GroupAccept
+from app.delivery.commits import accept_group
 from app.errors import ConfigError
 from app.intake import (
     docs,
@@ -52,7 +52,7 @@ def create_app(settings: Settings) -> FastAPI:
     # ones now, rather than at the sweeper's next pass.
     drainer = Drainer(rt.sweeper, clock=utcnow)
     acceptor = dataclasses.replace(rt.acceptor, on_room_behind=drainer.request)
-    group = GroupAccept(acceptor, clock=utcnow, timeout_s=settings.journal_timeout_seconds)
+    group = accept_group(acceptor, clock=utcnow, timeout_s=settings.journal_timeout_seconds)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:

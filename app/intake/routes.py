@@ -15,7 +15,8 @@ from starlette.concurrency import run_in_threadpool
 
 from app.clock import as_utc, utcnow
 from app.dedup_keys import DEV
-from app.delivery.group_commit import GroupAccept
+from app.delivery.accept import Acceptance
+from app.delivery.commits import CommitQueue
 from app.errors import (
     BrokerUnavailable,
     JournalUnavailable,
@@ -304,8 +305,8 @@ async def post_record(line: str, request: Request, rt: RuntimeDep) -> JSONRespon
         payload=payload,
         traceparent=rt.tracing.current_traceparent(),
     )
-    group: GroupAccept = request.app.state.group_accept
-    result = await group.accept(new)
+    group: CommitQueue[NewRecord, Acceptance] = request.app.state.group_accept
+    result = await group.put(new)
     record = result.record
     if not result.created and record.line != new.line:
         # Not the other line's record: that would tell this caller what it holds.

@@ -19,7 +19,7 @@ from sqlalchemy import Connection, bindparam, select, update
 from app.journal.dbclock import db_time, db_time_at
 from app.journal.guards import NOW, guard, lease_free, lease_held
 from app.journal.models import Record, RecordStatus, records
-from app.journal.store import among, unindexed_status, update_by_id
+from app.journal.store import among, among_param, unindexed_status, update_by_id
 from app.journal.transitions import TRANSITIONS, Event
 
 
@@ -119,22 +119,46 @@ def claim_done(
     return Record.from_row(row) if row else None
 
 
+# `claim_attempts`' statements, by dialect and whether they name a line: built once (the
+# worker's most frequent statement; building it per call cost more than running it).
+_CLAIMS: dict[tuple[str, bool], Any] = {}
+
+
+def _claims(conn: Connection, *, of_line: bool) -> Any:
+    key = (conn.dialect.name, of_line)
+    if key not in _CLAIMS:
+        terms = [
+            among_param(conn, records.c.id, "record_ids"),
+            *guard(Event.ATTEMPT, status=unindexed_status),
+        ]
+        if of_line:
+            terms.append(records.c.line == bindparam("record_line"))
+        _CLAIMS[key] = (
+            update(records)
+            .where(*terms)
+            .values(**_lease_values(bindparam("lease_s")))
+            .returning(*records.c)
+        )
+    return _CLAIMS[key]
+
+
 def claim_attempts(
-    conn: Connection, record_ids: Sequence[str], *, owner: str, lease_s: float, now: datetime
+    conn: Connection,
+    record_ids: Sequence[str],
+    *,
+    owner: str,
+    lease_s: float,
+    now: datetime,
+    line: str | None = None,
 ) -> list[Record]:
-    """`claim_attempt` of several records in one statement: those claimed, in no order."""
+    """`claim_attempt` of several records in one statement (of `line` only, when given):
+    those claimed, in no order."""
     if not record_ids:
         return []
-    rows = conn.execute(
-        update(records)
-        .where(
-            among(conn, records.c.id, record_ids),
-            *guard(Event.ATTEMPT, status=unindexed_status),
-        )
-        .values(**_lease_values(bindparam("lease_s")))
-        .returning(*records.c),
-        _lease_params(owner, lease_s, now),
-    )
+    params = {"record_ids": list(record_ids), **_lease_params(owner, lease_s, now)}
+    if line is not None:
+        params["record_line"] = line
+    rows = conn.execute(_claims(conn, of_line=line is not None), params)
     return [Record.from_row(row) for row in rows]
 
 
@@ -235,16 +259,16 @@ def postpone(
     return update_by_id(conn, record_ids, Event.POSTPONED, values, now=now)
 
 
-def why_not_claimed(conn: Connection, record_id: str, *, now: datetime) -> str:
+def why_not_claimed(conn: Connection, record_id: str, *, now: datetime) -> tuple[str, str | None]:
     """Why `claim_attempt` found nothing to run: `unknown`, `in_flight` (a live lease),
-    or the record's status."""
+    or the record's status; and the record's line (None: unknown)."""
     row = conn.execute(
-        select(records.c.status, records.c.lease_owner, lease_free(now).label("free")).where(
-            records.c.id == record_id
-        )
+        select(
+            records.c.status, records.c.lease_owner, records.c.line, lease_free(now).label("free")
+        ).where(records.c.id == record_id)
     ).first()
     if row is None:
-        return "unknown"
+        return "unknown", None
     if row.lease_owner is not None and not row.free:
-        return "in_flight"
-    return str(row.status)
+        return "in_flight", row.line
+    return str(row.status), row.line

@@ -83,6 +83,14 @@ def among(
     return column.in_(list(values))
 
 
+def among_param(conn: Connection, column: ColumnElement[Any], name: str) -> ColumnElement[bool]:
+    """`among` with its values a parameter named `name`, for a statement built once: on
+    PostgreSQL one array parameter, elsewhere an expanding `IN`."""
+    if conn.dialect.name == "postgresql":
+        return column == any_(bindparam(name, type_=postgresql.ARRAY(column.type)))
+    return column.in_(bindparam(name, expanding=True))
+
+
 @dataclass(frozen=True, kw_only=True)
 class NewRecord:
     """What the intake (or a schedule) knows about a record before it is written."""

@@ -117,7 +117,7 @@ class _NoSpan:
         return
 
 
-_NO_SPAN = _NoSpan()
+NO_SPAN: Span = _NoSpan()
 
 
 class NoTracing:
@@ -133,7 +133,7 @@ class NoTracing:
         parent: str | None = None,
         attributes: Mapping[str, AttributeValue] | None = None,
     ) -> Span:
-        return _NO_SPAN
+        return NO_SPAN
 
     @contextmanager
     def span(
@@ -144,7 +144,7 @@ class NoTracing:
         parent: str | None = None,
         attributes: Mapping[str, AttributeValue] | None = None,
     ) -> Iterator[Span]:
-        yield _NO_SPAN
+        yield NO_SPAN
 
     def current_traceparent(self) -> str | None:
         return None

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from app.delivery.paused import PausedLines
+from app.delivery.pause import PausedLines
 from app.delivery.push import Pusher
 from app.errors import BrokerUnavailable
 from app.journal import claims

@@ -18,7 +18,7 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from app.delivery.paused import PausedLines
+from app.delivery.pause import PausedLines
 from app.delivery.push import Pusher
 from app.errors import (
     BrokerUnavailable,

@@ -48,7 +48,7 @@ def test_a_push_packs_records_into_messages_and_stops_at_the_bound_in_messages(h
 def test_by_default_a_group_is_packed_on_a_table_sink_line_and_on_an_http_line(harness):
     harness.configure(
         lines__refund__downstream_url="http://127.0.0.1:9/in",
-        lines__refund__delivery_threads="2",
+        lines__refund__deliveries_in_flight="2",
     )
     rt = harness.runtime()
     now = utcnow()
@@ -63,7 +63,7 @@ def test_by_default_a_group_is_packed_on_a_table_sink_line_and_on_an_http_line(h
         order_ids[TABLE_SINK_BATCH:],
     ]
     # An HTTP sink delivers a message's records concurrently: as many to a message as
-    # its worker process has delivery threads.
+    # its worker process keeps deliveries in flight.
     refund_ids = [new.id for new in refunds]
     assert [message_args(m) for m in reversed(rt.redis.lrange("refund", 0, -1))] == [
         refund_ids[:2],

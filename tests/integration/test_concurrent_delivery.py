@@ -54,7 +54,7 @@ def test_first_attempts_that_time_out_do_not_queue_the_retries_behind_them(harne
         harness.configure(
             lines__shipment__downstream_url=f"{downstream.url}/in",
             lines__shipment__delivery_timeout_s="5",
-            lines__shipment__delivery_threads="20",
+            lines__shipment__deliveries_in_flight="20",
             # Timeouts of every first attempt would open the line's circuit (its own test).
             lines__shipment__circuit_min_attempts="1000",
             lines__shipment__backoff_initial_s="0.2",

@@ -20,7 +20,7 @@ RATE = 50
 TRANSIT_S = 0.2
 
 
-# Three worker processes of 32 delivery threads each on two cores, timed to the second: beside
+# Three worker processes of many deliveries in flight each on two cores, timed to the second: beside
 # another test that loads the machine (a chaos scenario, the bench), the time between a
 # token and its request's arrival grew past TRANSIT_S (67 and 70 in one second, seen under
 # pytest -n 3); beside two busy loops it stays within it (54 to 56).
@@ -33,7 +33,7 @@ def test_three_worker_processes_never_send_more_than_the_bucket_allows_in_any_se
             lines__shipment__delivery_rate=str(RATE),
         )
         client = harness.start_intake()
-        # Three worker processes, each with its 16 delivery threads, all ready first.
+        # Three worker processes, with the line's defaults, all ready first.
         workers = [
             harness.start_worker("shipment", pool=None, concurrency=None, wait=False)
             for _ in range(3)

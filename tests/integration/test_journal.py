@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import random
 import threading
 import time
 from datetime import UTC, datetime, timedelta
@@ -26,7 +25,7 @@ from app.journal.models import RecordStatus, Source
 from app.journal.schema import upgrade
 from app.journal.store import NewRecord
 from app.journal.transitions import Event as TransitionEvent
-from tests.support.journal import force_status
+from tests.support.journal import force_status, run_record
 from tests.support.messages import queued_ids
 
 # Runs on every journal database (SQLite and PostgreSQL).
@@ -52,9 +51,8 @@ def test_a_done_record_is_never_moved_by_a_late_or_duplicate_delivery(harness):
     with rt.engine.begin() as conn:
         record, created = store.insert_record(conn, new_record("order", "A-1", now=now), now=now)
     assert created
-    rng = random.Random(1)
-    assert rt.runner.run_record(record.id, clock=utcnow, rng=rng) is RecordStatus.DONE
-    assert rt.runner.run_record(record.id, clock=utcnow, rng=rng) is None  # a second message
+    assert run_record(rt, record.id) is RecordStatus.DONE
+    assert run_record(rt, record.id) is None  # a second message
     with rt.engine.begin() as conn:
         assert attempts.claim_attempt(conn, record.id, owner="late", lease_s=60, now=now) is None
         late = dataclasses.replace(record, attempts=1)
@@ -305,7 +303,7 @@ def test_a_group_is_answered_once_committed_and_pushed_then_marked_enqueued(harn
     assert seen["journal"] == {new.id: RecordStatus.RECEIVED for new in news}
     assert seen["queued"] == [new.id for new in news]
     assert {r.status for r in harness.records()} == {RecordStatus.ENQUEUED}
-    assert rt.runner.run_record(news[0].id, clock=utcnow, rng=random.Random(0)) is RecordStatus.DONE
+    assert run_record(rt, news[0].id) is RecordStatus.DONE
 
 
 def test_a_group_pushes_the_line_with_fewest_records_first(harness):

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from app.clock import utcnow
-from app.delivery.paused import hold_back
+from app.delivery.pause import hold_back
 from app.journal import attempts, audit, store
 from app.journal.models import RecordStatus, Source
 from app.journal.store import NewRecord
@@ -280,14 +280,14 @@ def test_messages_on_a_paused_lines_queue_are_held_back_by_two_real_workers(harn
 
 
 def test_a_pause_stops_a_message_already_running_from_claiming_more(harness):
-    """One message of 20 records on a line with two delivery threads toward a downstream
+    """One message of 20 records on a line with two deliveries in flight toward a downstream
     that takes a second: a pause in the middle stops its claims within 2 s; what it had
     not claimed waits, and is delivered after the resume, each record once."""
     downstream = Gauged(delay_s=1.0).start()
     try:
         harness.configure(
             lines__shipment__downstream_url=f"{downstream.url}/in",
-            lines__shipment__delivery_threads="2",
+            lines__shipment__deliveries_in_flight="2",
             lines__shipment__batch_size="20",
             sweep_interval_seconds="0.5",
         )

@@ -1,27 +1,23 @@
-"""One record to a message, on a line with the table sink: the worker claims the attempt
-and marks the record done in one statement, then writes the sink row, in one transaction
-with no savepoint. What that must still get right: a record the sink refuses, a record out
-of attempts, one already done, and one of another line than the queue it came from."""
+"""One record to a message, on a line with the table sink: the engine claims the attempt,
+writes the sink row and marks the record done in one transaction. What that must get
+right: a record the sink refuses, a record out of attempts, one already done, and one of
+another line than the queue it came from."""
 
 from __future__ import annotations
-
-import random
 
 import pytest
 from sqlalchemy import update
 
 from app.clock import utcnow
 from app.journal.models import RecordStatus, records
-from tests.support.journal import journal_records
+from tests.support.journal import journal_records, run_record
 
 # Runs on every journal database (SQLite and PostgreSQL).
 pytestmark = pytest.mark.journal
 
 
 def run(rt, record_id: str, line: str) -> RecordStatus | None:
-    return rt.runner.run_record(
-        record_id, clock=utcnow, rng=random.Random(0), line=rt.lines.get(line)
-    )
+    return run_record(rt, record_id, line=line)
 
 
 def test_a_record_the_sink_refuses_fails_with_one_attempt_and_leaves_no_row(harness):

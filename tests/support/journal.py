@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 from sqlalchemy import update
@@ -43,3 +44,23 @@ def journal_records(
 def force_status(conn: Any, record_ids: list[str], status: RecordStatus) -> None:
     """Put records in `status` whatever they were: a test's set-up, past every guard."""
     conn.execute(update(records).where(records.c.id.in_(record_ids)).values(status=status.value))
+
+
+def run_records(
+    rt: Runtime, record_ids: list[str], *, line: str | None = None
+) -> list[RecordStatus | None]:
+    """One attempt of each of `record_ids` through the attempt engine, as a message of
+    `line`'s queue (default: the first record's own line) would run it: each one's new
+    status, None where nothing ran."""
+    if line is None:
+        with rt.journal.reading() as conn:
+            first = store.get_record(conn, record_ids[0])
+        line = first.line if first is not None else rt.lines.names()[0]
+    results = rt.attempts.run(record_ids, line=rt.lines.get(line), rng=random.Random(0))
+    return [result.status for result in results]
+
+
+def run_record(rt: Runtime, record_id: str, *, line: str | None = None) -> RecordStatus | None:
+    """`run_records` of one record."""
+    (status,) = run_records(rt, [record_id], line=line)
+    return status

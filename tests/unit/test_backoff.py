@@ -3,7 +3,7 @@ from __future__ import annotations
 import random
 from datetime import UTC, datetime, timedelta
 
-from app.delivery.backoff import backoff_s, decide
+from app.delivery.outcomes import backoff_s, decide
 from app.line_settings import LineSettings
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)

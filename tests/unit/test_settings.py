@@ -6,7 +6,7 @@ import pytest
 
 from app.errors import ConfigError
 from app.line_settings import Overflow
-from app.lines import TABLE_SINK_BATCH, LineRegistry
+from app.lines import HTTP_SINK_BATCH, TABLE_SINK_BATCH, LineRegistry
 from app.settings import load_settings
 
 
@@ -41,7 +41,9 @@ def test_line_variables_override_one_setting_and_keep_the_rest(monkeypatch):
 def test_batch_size_defaults_to_a_batch_on_the_table_sink_and_the_http_sink(monkeypatch):
     monkeypatch.setenv("PIPELINE_LINES__REFUND__DOWNSTREAM_URL", "http://127.0.0.1:9/in")
     monkeypatch.setenv("PIPELINE_LINES__WIDE__DOWNSTREAM_URL", "http://127.0.0.1:9/in")
-    monkeypatch.setenv("PIPELINE_LINES__WIDE__DELIVERY_THREADS", "40")
+    monkeypatch.setenv("PIPELINE_LINES__WIDE__DELIVERIES_IN_FLIGHT", "40")
+    monkeypatch.setenv("PIPELINE_LINES__NARROW__DOWNSTREAM_URL", "http://127.0.0.1:9/in")
+    monkeypatch.setenv("PIPELINE_LINES__NARROW__DELIVERIES_IN_FLIGHT", "5")
     monkeypatch.setenv("PIPELINE_LINES__STATUS__BATCH_SIZE", "1")
     monkeypatch.setenv("PIPELINE_LINES__HELD__HANDLER", "tests.support.handlers:slow")
     monkeypatch.setenv("PIPELINE_LINES__BULK__DOWNSTREAM_URL", "http://127.0.0.1:9/in")
@@ -49,9 +51,11 @@ def test_batch_size_defaults_to_a_batch_on_the_table_sink_and_the_http_sink(monk
     lines = LineRegistry.from_settings(load_settings())
     assert {line.name: line.batch_size for line in lines} == {
         "order": TABLE_SINK_BATCH,
-        # The HTTP sink delivers a message's records concurrently: as many as its threads.
-        "refund": 32,
-        "wide": 40,
+        # The HTTP sink delivers a message's records concurrently: HTTP_SINK_BATCH of them,
+        # fewer when the line keeps fewer in flight.
+        "refund": HTTP_SINK_BATCH,
+        "wide": HTTP_SINK_BATCH,
+        "narrow": 5,
         "status": 1,
         "held": 1,
         "bulk": 4,
@@ -309,7 +313,7 @@ def test_intake_lines_are_comma_separated_and_must_name_lines(monkeypatch):
         ("PIPELINE_NICE", "-1"),
         ("PIPELINE_LINES__ORDER__DELIVERY_RATE", "0"),
         ("PIPELINE_LINES__ORDER__DELIVERY_CONCURRENCY", "0"),
-        ("PIPELINE_LINES__ORDER__DELIVERY_THREADS", "0"),
+        ("PIPELINE_LINES__ORDER__DELIVERIES_IN_FLIGHT", "0"),
         ("PIPELINE_LINES__ORDER__CIRCUIT_MIN_ATTEMPTS", "0"),
     ],
 )

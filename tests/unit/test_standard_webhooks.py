@@ -5,6 +5,7 @@ sink's signed delivery (over httpx's in-process transport)."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import hmac
@@ -12,6 +13,7 @@ import json
 import time
 from datetime import UTC, datetime
 
+import aiohttp
 import httpx
 import pytest
 from pydantic import SecretStr
@@ -25,6 +27,7 @@ from app.intake.signing import verify
 from app.journal.models import Record, RecordStatus, Source
 from app.settings import load_settings
 from app.sink_settings import DeliveredStatuses
+from tests.support.recorder import Received, Recorder
 
 KEY = bytes(range(32))
 SECRET = "whsec_" + base64.b64encode(KEY).decode()
@@ -352,25 +355,28 @@ def record(**values) -> Record:
     return Record(**(fields | values))
 
 
-def delivered_request(*, signing_secret: SecretStr | None, clock=time.time) -> httpx.Request:
-    sent: list[httpx.Request] = []
+def delivered_request(*, signing_secret: SecretStr | None, clock=time.time) -> Received:
+    """What a downstream (a real server on 127.0.0.1) received of one delivery."""
+    downstream = Recorder(status=204).start()
 
-    def answer(request: httpx.Request) -> httpx.Response:
-        sent.append(request)
-        return httpx.Response(204)
+    async def deliver() -> int:
+        async with aiohttp.ClientSession() as session:
+            return await deliver_http(
+                session,
+                record(),
+                url=f"{downstream.url}/in",
+                delivered=DeliveredStatuses.parse("2xx"),
+                timeout_s=5,
+                signing_secret=signing_secret,
+                clock=clock,
+            )
 
-    with httpx.Client(transport=httpx.MockTransport(answer)) as client:
-        status = deliver_http(
-            client,
-            record(),
-            url="http://downstream.test/in",
-            delivered=DeliveredStatuses.parse("2xx"),
-            timeout_s=5,
-            signing_secret=signing_secret,
-            clock=clock,
-        )
-    assert status == 204
-    (request,) = sent
+    try:
+        assert asyncio.run(deliver()) == 204
+    finally:
+        downstream.stop()
+    (request,) = downstream.snapshot()
+    request.headers = {name.lower(): value for name, value in request.headers.items()}
     return request
 
 
@@ -380,8 +386,8 @@ def test_a_delivery_with_a_signing_secret_verifies_with_the_library_over_the_byt
     assert headers["webhook-id"] == headers["idempotency-key"] == record().id
     assert headers["content-type"] == "application/json"
     # The library checks the timestamp against its own clock: this one is now.
-    Webhook(SECRET).verify(request.content, headers, json_parse=False)
-    assert json.loads(request.content) == {
+    Webhook(SECRET).verify(request.raw, headers, json_parse=False)
+    assert json.loads(request.raw) == {
         "id": record().id,
         "line": "shipment",
         "business_no": "SH-1",
@@ -392,7 +398,7 @@ def test_a_delivery_with_a_signing_secret_verifies_with_the_library_over_the_byt
 def test_a_delivery_is_signed_at_the_time_of_its_attempt():
     request = delivered_request(signing_secret=SecretStr(SECRET), clock=lambda: NOW_S + 0.9)
     assert request.headers["webhook-timestamp"] == str(NOW_S)
-    caller = verify(dict(request.headers), request.content, keys=KEYS, now_s=NOW_S, window_s=300)
+    caller = verify(dict(request.headers), request.raw, keys=KEYS, now_s=NOW_S, window_s=300)
     assert (caller.key_id, caller.nonce) == ("shop-2", record().id)
 
 
@@ -406,6 +412,6 @@ def test_a_delivery_without_a_signing_secret_is_the_body_it_always_was_and_unsig
         "payload": {"business_no": "SH-1", "note": "café", "n": 1.5},
     }
     # The bytes httpx's json= wrote before the body was serialized here.
-    assert request.content == httpx.Request("POST", "http://x", json=body).content
+    assert request.raw == httpx.Request("POST", "http://x", json=body).content
     assert request.headers["idempotency-key"] == record().id
     assert request.headers["x-attempt"] == "2"

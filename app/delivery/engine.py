@@ -1,0 +1,716 @@
+"""The attempt engine: every record of every sink goes through it, the same three steps.
+
+1. **Claim** (`_claim`): the record's lease and attempt number, for records there is room
+   for now: a free delivery slot in this process, the line's circuit and its global limits
+   (`app.delivery.circuit`, `app.delivery.limits`, one Redis round trip each for a chunk
+   of records). A paused line claims nothing more, also within a message already running.
+2. **Deliver** (`_fly`): the sink (`app.delivery.sinks`): a POST on the process's async
+   HTTP client, or the line's handler on a thread, each within the line's one deadline. The
+   table sink is written in the claim's own transaction: claimed, written and done at once.
+3. **Record the outcome** (`_land`): the outcomes that ended together are counted in the
+   circuit in one round trip and written in one transaction by the one outcome writer
+   (`app.delivery.outcomes.record_outcome`).
+
+Every journal write goes through the process's commit queue (`app.delivery.commits`): the
+claims and outcomes of all the messages in flight share its transactions. Deliveries run
+on one event loop thread per process, so waiting on a downstream costs no thread; a
+worker's task threads hand their message to it (`run`) and wait for its results.
+
+A record the circuit, the limits or a pause keep from starting is not claimed: it waits in
+the journal (`failed` and due again soon, or `deferred` while paused) without spending an
+attempt. So does a failure while the circuit is open: an outage alone never makes a record
+`dead`."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import functools
+import random
+import threading
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, TypeVar
+
+import aiohttp
+from sqlalchemy import Connection
+
+from app.clock import utcnow
+from app.delivery import sinks
+from app.delivery.circuit import Admission, Change, Circuits, Outcome, State, health_of
+from app.delivery.commits import in_one_transaction
+from app.delivery.limits import DeliveryLimits
+from app.delivery.outcomes import (
+    POSTPONE_SPREAD,
+    AttemptResult,
+    Flight,
+    attempt_row,
+    attempt_span,
+    describe_attempt,
+    http_status_of,
+    log_skipped,
+    record_outcome,
+    report,
+    retry_after_of,
+)
+from app.delivery.pause import PausedLines, hold_back
+from app.errors import BrokerUnavailable, ConfigError, JournalUnavailable
+from app.journal import attempt_log, attempts
+from app.journal.attempt_log import Outcome as Ended
+from app.journal.journal import Journal
+from app.journal.models import Record, RecordStatus
+from app.line_settings import limit_wait_s, longest_delivery_s
+from app.lines import Line, LineRegistry
+from app.logs import get_logger
+from app.observe.alerts import Alerter
+from app.observe.events import Event
+from app.observe.telemetry import Telemetry
+from app.observe.tracing import Span, SpanKind, Tracing
+
+log = get_logger(__name__)
+
+T = TypeVar("T")
+
+# How long a journal write of the engine waits for its commit (the journal's own timeouts
+# end a transaction well within it).
+COMMIT_WAIT_S = 60.0
+_RNG = random.Random()  # noqa: S311 - backoff jitter, not cryptography
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Message:
+    """The context of one message's attempts: its line, the lease owner of its attempts,
+    its records' traceparents, the clock and the backoff's jitter."""
+
+    line: Line
+    owner: str
+    parents: dict[str, str]
+    clock: Callable[[], datetime]
+    rng: random.Random
+    # Records of the message found to be of another line, by line (their claims say so).
+    elsewhere: dict[str, list[str]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Room:
+    """What a chunk of a message may start now: `ids` (the first the circuit's `probe`
+    when one is named), holding the limits' `slots`; the others wait `wait_s` (`why`)."""
+
+    ids: list[str]
+    probe: str = ""
+    slots: tuple[str, ...] = ()
+    wait_s: float = 0.0
+    why: str = ""
+
+
+@dataclass(kw_only=True)
+class _Landed:
+    """A delivery that ended: its flight, the limits' slot it held, its span (open until
+    its outcome is recorded) and the event that says it is."""
+
+    flight: Flight
+    slot: str | None
+    span: Span
+    recorded: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+@dataclass(frozen=True)
+class _Started:
+    """The last word of a message's claims: how many deliveries it started."""
+
+    count: int
+
+
+@dataclass(kw_only=True)
+class _Slots:
+    """A line's delivery slots in this process (on the loop): a record is claimed only
+    when its delivery can start at once, so that no claimed record waits while its lease
+    runs out."""
+
+    free: int
+    freed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def take(self, most: int, *, timeout_s: float) -> int:
+        """Between 1 and `most` slots, waiting up to `timeout_s` for the first; 0: none
+        came free in time."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while self.free <= 0:
+            self.freed.clear()
+            left = deadline - loop.time()
+            if left <= 0:
+                return 0
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.freed.wait(), left)
+        taken = min(most, self.free)
+        self.free -= taken
+        return taken
+
+    def give(self, count: int = 1) -> None:
+        if count > 0:
+            self.free += count
+            self.freed.set()
+
+
+class AttemptEngine:
+    """Runs attempts of records, for the worker's task and for the intake's `caller_runs`
+    (see the module)."""
+
+    def __init__(  # noqa: PLR0913 - the pieces it is built on, keyword-only
+        self,
+        *,
+        journal: Journal,
+        lines: LineRegistry,
+        telemetry: Telemetry,
+        alerts: Alerter,
+        circuits: Circuits,
+        limits: DeliveryLimits,
+        paused: PausedLines,
+        tracing: Tracing,
+        lease_s: float,
+    ) -> None:
+        self._commits = in_one_transaction(journal, timeout_s=COMMIT_WAIT_S)
+        self._lines = lines
+        self._telemetry = telemetry
+        self._alerts = alerts
+        self._circuits = circuits
+        self._limits = limits
+        self._paused = paused
+        self._tracing = tracing
+        self._lease_s = lease_s
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._starting = threading.Lock()
+        # Made on the loop, on first use: the HTTP sink's client, each line's slots.
+        self._session: aiohttp.ClientSession | None = None
+        self._slots: dict[str, _Slots] = {}
+
+    # The loop, and the way in from other threads.
+
+    def _running_loop(self) -> asyncio.AbstractEventLoop:
+        """The engine's loop, on a thread of its own, started on first use."""
+        with self._starting:
+            if self._loop is None:
+                self._loop = asyncio.new_event_loop()
+                self._thread = threading.Thread(
+                    target=_serve, args=(self._loop,), name="deliveries", daemon=True
+                )
+                self._thread.start()
+            return self._loop
+
+    def _call(self, work: Coroutine[Any, Any, T], *, timeout_s: float) -> T:
+        future = asyncio.run_coroutine_threadsafe(work, self._running_loop())
+        try:
+            return future.result(timeout=timeout_s)
+        except TimeoutError:
+            future.cancel()
+            raise JournalUnavailable(f"the attempts did not end within {timeout_s:g} s") from None
+
+    def close(self, *, timeout_s: float = 5.0) -> None:
+        """Close the HTTP sink's client, stop the loop (within `timeout_s`) and the commit
+        queue."""
+        with self._starting:
+            loop, thread, self._loop = self._loop, self._thread, None
+        if loop is not None and thread is not None:
+            if self._session is not None:
+                with contextlib.suppress(Exception):
+                    closing = asyncio.run_coroutine_threadsafe(self._session.close(), loop)
+                    closing.result(timeout=timeout_s)
+                self._session = None
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join(timeout=timeout_s)
+        self._commits.close()
+
+    def run(
+        self,
+        record_ids: list[str],
+        *,
+        line: Line,
+        parents: dict[str, str] | None = None,
+        clock: Callable[[], datetime] = utcnow,
+        rng: random.Random = _RNG,
+    ) -> list[AttemptResult]:
+        """One attempt of each of `record_ids` (records of `line`, a message's). Returns
+        each one's result, in the order given (an id met twice runs once). A record that
+        did not run (unknown, final, in flight elsewhere, held back by a pause, waiting for
+        its circuit or for room) has a result that says nothing. Raises `JournalUnavailable`
+        when a claim cannot be made or an outcome not recorded (the leases then lapse and
+        the sweeper pushes the records again)."""
+        ids = list(dict.fromkeys(record_ids))
+        message = _Message(
+            line=line, owner=attempts.new_owner(), parents=parents or {}, clock=clock, rng=rng
+        )
+        bound_s = self._lease_s + 2 * COMMIT_WAIT_S
+        found = self._call(self._attempt_all(ids, message), timeout_s=bound_s)
+        return [found.get(record_id) or AttemptResult(record_id=record_id) for record_id in ids]
+
+    async def _attempt_all(self, ids: list[str], message: _Message) -> dict[str, AttemptResult]:
+        """The attempts of `ids` on the message's line; then, with their own line's sink and
+        rules, those of its records that are of another line (a message sent to the wrong
+        queue)."""
+        if await self._is_paused(message.line):
+            await self._hold_back(ids, message)
+            return {}
+        if message.line.table_sink:
+            results = await self._table_sink(ids, message)
+        else:
+            results = await self._deliver_all(ids, message)
+        for name, elsewhere in message.elsewhere.items():
+            if name in self._lines.names():
+                own = dataclasses.replace(message, line=self._lines.get(name), elsewhere={})
+                results |= await self._attempt_all(elsewhere, own)
+        return results
+
+    # Step 1: claim.
+
+    def _claim_in(self, conn: Connection, ids: list[str], message: _Message) -> list[Record]:
+        """Claim an attempt of each of `ids` (one statement), in their order (of two
+        records with one business number, the later one wins); say why of the others."""
+        now, line = message.clock(), message.line.name
+        claimed = attempts.claim_attempts(
+            conn, ids, owner=message.owner, lease_s=self._lease_s, now=now, line=line
+        )
+        by_id = {record.id: record for record in claimed}
+        for record_id in ids:
+            if record_id not in by_id:
+                own = log_skipped(conn, record_id, now)
+                if own is not None and own != line:
+                    message.elsewhere.setdefault(own, []).append(record_id)
+        return [by_id[record_id] for record_id in ids if record_id in by_id]
+
+    async def _room(self, candidates: list[str], message: _Message) -> _Room:
+        """What of `candidates` may start now: the circuit's verdict for all of them, then
+        the limits' tokens and slots, one round trip each (waiting for room up to
+        `limit_wait_s`). Redis not answering, they go: the circuit and the limits cannot
+        be kept then, and the records can still be delivered."""
+        line = message.line
+        if not line.http_sink:
+            return _Room(ids=candidates)
+        room = await self._circuit_room(candidates, message)
+        unlimited = (
+            line.settings.delivery_rate is None and line.settings.delivery_concurrency is None
+        )
+        if not room.ids or unlimited:
+            return room
+        return await self._limits_room(room, message)
+
+    async def _circuit_room(self, candidates: list[str], message: _Message) -> _Room:
+        line = message.line
+        probe = f"{message.owner}:{candidates[0]}"
+        try:
+            verdict = await asyncio.to_thread(
+                self._circuits.admit,
+                line.name,
+                line.settings,
+                owner=probe,
+                probe_lifetime_s=longest_delivery_s(line.settings, lease_s=self._lease_s),
+                want=len(candidates),
+            )
+        except BrokerUnavailable as exc:
+            log.warning("circuit_unread", line=line.name, error=str(exc))
+            return _Room(ids=candidates)
+        if verdict.admission is Admission.WAIT:
+            why = f"the circuit of {line.name} is open (its downstream fails most deliveries)"
+            if await self._holding(line):
+                why = f"{line.name}'s downstream asked to wait (Retry-After)"
+            return _Room(ids=[], wait_s=max(verdict.wait_s, 0.1), why=why)
+        return _Room(
+            ids=candidates[: max(1, verdict.granted)],
+            probe=probe if verdict.admission is Admission.PROBE else "",
+        )
+
+    async def _limits_room(self, room: _Room, message: _Message) -> _Room:
+        line = message.line
+        loop = asyncio.get_running_loop()
+        began, budget = loop.time(), limit_wait_s(self._lease_s)
+        while True:
+            try:
+                grant = await asyncio.to_thread(
+                    self._limits.ask,
+                    line.name,
+                    line.settings,
+                    want=len(room.ids),
+                    lifetime_s=line.settings.delivery_timeout_s + 1,
+                )
+            except BrokerUnavailable as exc:
+                log.warning("delivery_limits_unread", line=line.name, error=str(exc))
+                return room
+            if grant.count:
+                return _Room(ids=room.ids[: grant.count], probe=room.probe, slots=grant.slots)
+            waited = loop.time() - began
+            if waited + grant.wait_s > budget:
+                if room.probe:
+                    await asyncio.to_thread(self._circuits.drop_probe, line.name, room.probe)
+                why = f"no room under {line.name}'s delivery limits within {waited:.0f} s"
+                return _Room(ids=[], wait_s=message.rng.uniform(1, 1 + POSTPONE_SPREAD), why=why)
+            await asyncio.sleep(grant.wait_s)
+
+    async def _holding(self, line: Line) -> bool:
+        """Whether `line` waits for its downstream's `Retry-After` (not for its circuit)."""
+        try:
+            state = await asyncio.to_thread(self._circuits.state, line.name)
+        except BrokerUnavailable:
+            return False
+        return state.state is State.CLOSED
+
+    # Step 2: deliver.
+
+    async def _deliver_all(self, ids: list[str], message: _Message) -> dict[str, AttemptResult]:
+        """Claim `ids` as the line's slots come free, a chunk at a time (each asking the
+        pause, the circuit and the limits first), and deliver each record at once."""
+        line = message.line
+        slots = self._slots_of(line)
+        landed: asyncio.Queue[_Landed | _Started] = asyncio.Queue()
+        collector = asyncio.create_task(self._collect(landed, message))
+        started = 0
+        waiting = list(ids)
+        flying: set[asyncio.Task[None]] = set()
+        try:
+            while waiting:
+                if await self._is_paused(line):
+                    # Paused while the message ran: what it has not claimed waits (`deferred`).
+                    await self._hold_back(waiting, message)
+                    break
+                free = await slots.take(len(waiting), timeout_s=limit_wait_s(self._lease_s))
+                if free == 0:
+                    await self._postpone(waiting, message, "no delivery slot came free in time")
+                    break
+                room = await self._room(waiting[:free], message)
+                slots.give(free - len(room.ids))
+                if not room.ids:
+                    await self._postpone(waiting, message, room.why, after_s=room.wait_s)
+                    break
+                waiting = waiting[len(room.ids) :]
+                try:
+                    claimed: list[Record] = await self._commits.put(
+                        functools.partial(self._claim_in, ids=room.ids, message=message)
+                    )
+                except BaseException:
+                    slots.give(len(room.ids))
+                    await self._unclaimed(line, room, set())
+                    raise
+                slots.give(len(room.ids) - len(claimed))
+                await self._unclaimed(line, room, {record.id for record in claimed})
+                held = dict(zip(room.ids, room.slots, strict=False))
+                for record in claimed:
+                    probe = room.probe if record.id == room.ids[0] else ""
+                    fly = self._fly(record, message, probe, held.get(record.id), slots, landed)
+                    task = asyncio.create_task(fly)
+                    flying.add(task)
+                    task.add_done_callback(flying.discard)
+                started += len(claimed)
+        except BaseException:
+            await landed.put(_Started(started))
+            with contextlib.suppress(Exception):
+                await collector
+            raise
+        await landed.put(_Started(started))
+        return await collector
+
+    async def _unclaimed(self, line: Line, room: _Room, claimed: set[str]) -> None:
+        """Give back what `room` held for records that were not claimed."""
+        if room.probe and room.ids[0] not in claimed:
+            await asyncio.to_thread(self._circuits.drop_probe, line.name, room.probe)
+        unused = [s for i, s in zip(room.ids, room.slots, strict=False) if i not in claimed]
+        if unused:
+            await asyncio.to_thread(self._limits.release, line.name, unused)
+
+    async def _fly(
+        self,
+        record: Record,
+        message: _Message,
+        probe: str,
+        slot: str | None,
+        slots: _Slots,
+        landed: asyncio.Queue[_Landed | _Started],
+    ) -> None:
+        """One delivery, within its attempt's span (current meanwhile: the request's own
+        span is its child, and the span ends once the outcome is recorded)."""
+        name, attributes = attempt_span(record.id, message.line)
+        parent = message.parents.get(record.id)
+        with self._tracing.span(
+            name, kind=SpanKind.CONSUMER, parent=parent, attributes=attributes
+        ) as span:
+            try:
+                flight = await self._deliver(record, message, probe)
+            finally:
+                slots.give()
+            ended = _Landed(flight=flight, slot=slot, span=span)
+            await landed.put(ended)
+            if self._tracing.enabled:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(ended.recorded.wait(), COMMIT_WAIT_S)
+
+    async def _deliver(self, record: Record, message: _Message, probe: str) -> Flight:
+        """The record to its sink, within the line's one deadline; never raises."""
+        line, clock = message.line, message.clock
+        started = clock()
+        if record.attempts > line.settings.max_attempts:
+            # Attempts that never reported back: each one killed its worker process.
+            lost = RuntimeError("the worker was lost on every attempt")
+            return Flight(
+                record=record, started_at=started, finished_at=clock(), error=lost, counts=False
+            )
+        try:
+            status = await self._to_sink(record, line)
+        except Exception as exc:  # noqa: BLE001 - any failure is the attempt's
+            return Flight(
+                record=record,
+                started_at=started,
+                finished_at=clock(),
+                http_status=http_status_of(exc),
+                error=exc,
+                probe=probe,
+            )
+        return Flight(
+            record=record, started_at=started, finished_at=clock(), http_status=status, probe=probe
+        )
+
+    async def _to_sink(self, record: Record, line: Line) -> int | None:
+        """Hand `record` to its line's sink: the HTTP status of a delivered answer (None
+        from a handler). Raises what failed the attempt."""
+        settings = line.settings
+        if line.http_sink and settings.downstream_url:
+            return await sinks.deliver_http(
+                self._http(),
+                record,
+                url=settings.downstream_url,
+                delivered=settings.delivered,
+                timeout_s=settings.delivery_timeout_s,
+                signing_secret=settings.signing_secret,
+                tracing=self._tracing,
+            )
+        if line.handler is not None:
+            await sinks.run_handler(line.handler, record, timeout_s=settings.delivery_timeout_s)
+            return None
+        # Settings validation makes this unreachable.
+        raise ConfigError(f"line {line.name!r}: sink {line.sink} is not configured")
+
+    # Step 3: record the outcomes.
+
+    async def _collect(
+        self, landed: asyncio.Queue[_Landed | _Started], message: _Message
+    ) -> dict[str, AttemptResult]:
+        """Record the outcomes of a message's deliveries as they land, those that landed
+        together at once. Raises the first failure to record, once every delivery has
+        landed."""
+        results: dict[str, AttemptResult] = {}
+        pending_error: Exception | None = None
+        expected: int | None = None
+        seen = 0
+        while expected is None or seen < expected:
+            together = [await landed.get()]
+            while not landed.empty():
+                together.append(landed.get_nowait())
+            ended = [item for item in together if isinstance(item, _Landed)]
+            expected = next((i.count for i in together if isinstance(i, _Started)), expected)
+            seen += len(ended)
+            if not ended:
+                continue
+            try:
+                results |= await self._land(ended, message)
+            except Exception as exc:  # noqa: BLE001 - the others' outcomes come first
+                pending_error = pending_error or exc
+            finally:
+                for one in ended:
+                    describe_attempt(one.span, results.get(one.flight.record.id))
+                    one.recorded.set()
+        if pending_error is not None:
+            raise pending_error
+        return results
+
+    async def _land(self, ended: list[_Landed], message: _Message) -> dict[str, AttemptResult]:
+        """Count the outcomes in the circuit, give back the limits' slots (a round trip
+        each), then record them in one transaction."""
+        line = message.line
+        flights = [one.flight for one in ended]
+        if line.http_sink:
+            await self._count(flights, line)
+        held = [one.slot for one in ended if one.slot is not None]
+        if held:
+            await asyncio.to_thread(self._limits.release, line.name, held)
+        results = await self._commits.put(lambda conn: self._write_outcomes(conn, flights, message))
+        self._report(results, line)
+        return {result.record_id: result for result in results}
+
+    async def _count(self, flights: list[Flight], line: Line) -> None:
+        """Count what the flights say of the downstream in its line's circuit (alert when
+        they opened it); each learns whether the circuit is open after them."""
+        outcomes = [
+            Outcome(
+                health=health_of(delivered=flight.error is None, http_status=flight.http_status),
+                owner=flight.probe,
+                retry_after_s=(retry_after_of(flight.error) or 0.0) if flight.error else 0.0,
+            )
+            for flight in flights
+            if flight.counts
+        ]
+        if not outcomes:
+            return
+        try:
+            counted = await asyncio.to_thread(
+                self._circuits.count_all, line.name, line.settings, outcomes
+            )
+        except BrokerUnavailable as exc:
+            log.warning("circuit_uncounted", line=line.name, error=str(exc))
+            return
+        if counted.change is Change.OPENED:
+            self._alerts.raise_event(
+                Event.DOWNSTREAM_DOWN,
+                line=line.name,
+                message=f"{line.name}'s downstream failed {counted.failed} of the last "
+                f"{counted.counted} deliveries: the circuit is open, one probe every "
+                f"{line.settings.circuit_probe_interval_s:g} s, records wait without "
+                "spending attempts",
+                failed=counted.failed,
+                counted=counted.counted,
+                window_s=line.settings.circuit_window_s,
+            )
+            log.error("circuit_opened", line=line.name, failed=counted.failed)
+        elif counted.change is Change.CLOSED:
+            log.info("circuit_closed", line=line.name)
+        for flight in flights:
+            flight.circuit_open = flight.counts and counted.state is State.OPEN
+
+    def _write_outcomes(
+        self, conn: Connection, flights: list[Flight], message: _Message
+    ) -> list[AttemptResult]:
+        """Record `flights`' outcomes and their attempts' rows, on the commit queue's
+        connection."""
+        now = message.clock()
+        results: list[AttemptResult] = []
+        rows: list[attempt_log.Attempt] = []
+        for flight in flights:
+            result, row = record_outcome(
+                conn, flight, message.owner, message.line, now=now, rng=message.rng
+            )
+            results.append(result)
+            if row is not None:
+                rows.append(row)
+        attempt_log.write(conn, rows)
+        return results
+
+    def _report(self, results: list[AttemptResult], line: Line) -> None:
+        for result in results:
+            report(result, line, telemetry=self._telemetry, alerts=self._alerts)
+
+    # The table sink: claimed, written and recorded in one transaction.
+
+    async def _table_sink(self, ids: list[str], message: _Message) -> dict[str, AttemptResult]:
+        line = message.line
+        spans = {record_id: self._start_span(record_id, message) for record_id in ids}
+
+        def claim_write_record(conn: Connection) -> list[AttemptResult]:
+            claimed = self._claim_in(conn, ids, message)
+            now = message.clock()
+            in_reach = [r for r in claimed if r.attempts <= line.settings.max_attempts]
+            refused = sinks.write_rows(conn, in_reach, table=line.sink_table, now=now)
+            delivered = [r for r in in_reach if r.id not in refused]
+            _mark_done_all(conn, delivered, owner=message.owner, now=now)
+            done = [
+                AttemptResult(
+                    record_id=r.id, record=r, status=RecordStatus.DONE, outcome=Ended.DONE
+                )
+                for r in delivered
+            ]
+            rows = [
+                attempt_row(
+                    r, owner=message.owner, started_at=now, finished_at=now, outcome=Ended.DONE
+                )
+                for r in delivered
+            ]
+            attempt_log.write(conn, rows)
+            delivered_ids = {r.id for r in delivered}
+            failed = [
+                Flight(
+                    record=r,
+                    started_at=now,
+                    finished_at=now,
+                    error=refused.get(r.id) or RuntimeError("the worker was lost on every attempt"),
+                    counts=False,
+                )
+                for r in claimed
+                if r.id not in delivered_ids
+            ]
+            return done + self._write_outcomes(conn, failed, message)
+
+        try:
+            results = await self._commits.put(claim_write_record)
+        except BaseException as exc:
+            for span in spans.values():
+                span.fail(f"{type(exc).__name__}: {exc}")
+                span.end()
+            raise
+        found = {result.record_id: result for result in results}
+        self._report(results, line)
+        for record_id, span in spans.items():
+            describe_attempt(span, found.get(record_id, AttemptResult(record_id=record_id)))
+            span.end()
+        return found
+
+    # What keeps records from starting.
+
+    async def _is_paused(self, line: Line) -> bool:
+        return await asyncio.to_thread(self._paused.is_paused, line.name)
+
+    async def _hold_back(self, ids: list[str], message: _Message) -> None:
+        now = message.clock()
+        held = await self._commits.put(lambda conn: hold_back(conn, ids, now=now))
+        log.info("records_held_line_paused", line=message.line.name, record_ids=ids[:10], held=held)
+
+    async def _postpone(
+        self, ids: list[str], message: _Message, why: str, *, after_s: float = 1.0
+    ) -> None:
+        """No attempt of `ids` starts now (`why`): they wait as `failed`, due again in
+        about `after_s`, without spending an attempt."""
+        now = message.clock()
+        spread = message.rng.uniform(0, POSTPONE_SPREAD)
+        retry_at = now + timedelta(seconds=after_s + spread)
+        reason = f"not attempted: {why}"
+        moved = await self._commits.put(
+            lambda conn: attempts.postpone(conn, ids, reason=reason, retry_at=retry_at, now=now)
+        )
+        log.info("deliveries_postponed", line=message.line.name, postponed=moved, why=why)
+
+    # Made on first use, on the loop.
+
+    def _http(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = sinks.http_session()
+        return self._session
+
+    def _slots_of(self, line: Line) -> _Slots:
+        if line.name not in self._slots:
+            size = line.settings.deliveries_in_flight if line.http_sink else 1
+            self._slots[line.name] = _Slots(free=size)
+        return self._slots[line.name]
+
+    def _start_span(self, record_id: str, message: _Message) -> Span:
+        name, attributes = attempt_span(record_id, message.line)
+        return self._tracing.start(
+            name,
+            kind=SpanKind.CONSUMER,
+            parent=message.parents.get(record_id),
+            attributes=attributes,
+        )
+
+
+def _mark_done_all(conn: Connection, claimed: list[Record], *, owner: str, now: datetime) -> None:
+    """Mark done records claimed in this same transaction (none can be lost meanwhile)."""
+    if attempts.mark_done_all(conn, claimed, owner=owner, now=now) != len(claimed):
+        raise JournalUnavailable("records claimed in this transaction could not be marked done")
+
+
+def _serve(loop: asyncio.AbstractEventLoop) -> None:
+    """The engine's loop thread: run `loop` until it is stopped, then close it."""
+    asyncio.set_event_loop(loop)
+    try:
+        loop.run_forever()
+    finally:
+        for task in asyncio.all_tasks(loop):
+            task.cancel()
+        with contextlib.suppress(Exception):
+            loop.run_until_complete(asyncio.sleep(0))
+        loop.close()
