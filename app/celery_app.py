@@ -10,7 +10,7 @@ from typing import Any
 from celery import Celery
 from kombu.entity import Queue
 
-from app.delivery.push import TASK_NAME
+from app.admission.push import TASK_NAME
 from app.errors import ConfigError, UnboundedPublish
 from app.redis_client import redis_options
 from app.redis_url import kombu_broker
@@ -25,7 +25,7 @@ class PipelineCelery(Celery):
     """A Celery app that carries the pipeline's settings.
 
     Publishing the pipeline's task through Celery (`send_task`, and so `apply_async`, which
-    calls it) raises `UnboundedPublish`: those messages go through `app.delivery.push`, whose
+    calls it) raises `UnboundedPublish`: those messages go through `app.admission.push`, whose
     push checks the line's bound atomically; Celery's path would skip it."""
 
     pipeline_settings: Settings

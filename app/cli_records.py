@@ -14,6 +14,7 @@ from rich.text import Text
 
 from app.cli_schedules import settings_for_command
 from app.clock import as_utc
+from app.delivery.outcomes import waiting_for
 from app.journal.attempt_log import Attempt
 from app.journal.audit import MAX_REASON_LENGTH
 from app.journal.models import Record, RecordStatus, Source
@@ -107,7 +108,7 @@ def _records_table(items: list[Record]) -> Table:
             Text(r.id),
             Text(r.line),
             Text(r.business_no),
-            Text(r.status.value, style=_STYLE.get(r.status, "")),
+            _status_text(r),
             Text(str(r.attempts)),
             Text(error),
             Text(r.created_at.strftime("%Y-%m-%dT%H:%M:%SZ")),
@@ -292,6 +293,15 @@ def records_show(
     console.print(_attempts_table(history))
 
 
+def _status_text(record: Record) -> Text:
+    """A record's status; a `failed` record that spent no attempt is shown waiting (for its
+    downstream, or for room), not as a failure."""
+    waiting = waiting_for(record)
+    if waiting is not None:
+        return Text(f"{record.status.value}, waiting for {waiting.value}", style="cyan")
+    return Text(record.status.value, style=_STYLE.get(record.status, ""))
+
+
 def _iso(value: datetime | None) -> str:
     return "-" if value is None else value.isoformat()
 
@@ -304,7 +314,7 @@ def _record_fields(record: Record) -> Table:
         "line": record.line,
         "business no": record.business_no,
         "source": record.source.value,
-        "status": record.status.value,
+        "status": _status_text(record).plain,
         "attempts": str(record.attempts),
         "next attempt at": _iso(record.next_attempt_at),
         "last error": record.last_error or "-",

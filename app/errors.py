@@ -141,7 +141,7 @@ class BrokerUnavailable(Unavailable):
 
 
 class UnboundedPublish(PipelineError):
-    """Pipeline tasks are published only through the bounded push (app.delivery.push)."""
+    """Pipeline tasks are published only through the bounded push (app.admission.push)."""
 
     code = "unbounded_publish"
 

@@ -12,13 +12,13 @@ import httpx
 import redis
 from sqlalchemy import Engine
 
+from app.admission.accept import Acceptor
+from app.admission.pause import LinePauser, PausedLines
+from app.admission.push import Pusher
 from app.clock import utcnow
-from app.delivery.accept import Acceptor
 from app.delivery.circuit import Circuits
 from app.delivery.engine import AttemptEngine
 from app.delivery.limits import DeliveryLimits
-from app.delivery.pause import LinePauser, PausedLines
-from app.delivery.push import Pusher
 from app.delivery.sinks import make_http_client
 from app.journal.engine import make_engine
 from app.journal.journal import Journal

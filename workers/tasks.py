@@ -1,7 +1,7 @@
 """The task every line's worker runs: one attempt of a journal record, or of each record
 of a batch.
 
-Its message comes from `app.delivery.push` (or Celery's own publisher); the (first) record id
+Its message comes from `app.admission.push` (or Celery's own publisher); the (first) record id
 is the task id. Retries are owned by the journal, not by countdown messages."""
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from celery import Task, shared_task
 from celery.exceptions import Reject
 from celery.signals import worker_process_shutdown, worker_shutdown
 
+from app.admission.push import TASK_NAME, TRACEPARENTS_HEADER
 from app.celery_app import pipeline_settings
 from app.delivery.outcomes import AttemptResult
-from app.delivery.push import TASK_NAME, TRACEPARENTS_HEADER
 from app.errors import JournalUnavailable
 from app.journal import store
 from app.lines import Line
@@ -105,7 +105,7 @@ def process(self: Task[Any, Any], record_ids: str | list[str]) -> str | list[str
     Raises `AttemptFailed`, once every outcome is committed, when an attempt failed.
 
     A message of a paused line starts no attempt: its records wait in the journal
-    (`app.delivery.pause.hold_back`) and it is acked.
+    (`app.admission.pause.hold_back`) and it is acked.
 
     With the journal unreachable the message goes back on its queue after a pause, rather
     than being acked and left to the stuck threshold; the records of a batch already
@@ -133,7 +133,7 @@ def process(self: Task[Any, Any], record_ids: str | list[str]) -> str | list[str
 
 
 def _traceparents(header: object) -> dict[str, str]:
-    """The message's `{record id: traceparent}` (`app.delivery.push.build_message`); what
+    """The message's `{record id: traceparent}` (`app.admission.push.build_message`); what
     is not a valid traceparent is left out."""
     if not isinstance(header, dict):
         return {}

@@ -45,7 +45,7 @@ SPACING = timedelta(days=1) / 10_000_000
 # From the commit to the push, and a delivery's length.
 PUSH = timedelta(milliseconds=2)
 ATTEMPT = timedelta(milliseconds=45)
-# One Redis epoch (a UUID, as `app.delivery.push` makes them).
+# One Redis epoch (a UUID, as `app.admission.push` makes them).
 EPOCH = "5f0c3f2e-8a47-4b53-9d1e-7c2a0b6e4d19"
 # A lease as long as the default visibility timeout.
 LEASE_S = 120.0

@@ -17,9 +17,9 @@ from typing import Any
 
 import redis
 
+from app.admission.push import Pusher
 from app.bench.procs import free_port
 from app.clock import utcnow
-from app.delivery.push import Pusher
 from app.ids import new_id
 from app.local.embedded_redis import answers, server_binary
 

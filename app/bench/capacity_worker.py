@@ -26,9 +26,9 @@ from typing import Any
 import redis
 from sqlalchemy import func, select
 
+from app.admission.push import Pusher
 from app.bench.capacity_journal import new_record
 from app.bench.procs import children, log_path, wait_until
-from app.delivery.push import Pusher
 from app.journal import store
 from app.journal.engine import make_engine
 from app.journal.journal import Journal

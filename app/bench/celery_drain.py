@@ -9,10 +9,10 @@ import time
 
 import redis
 
+from app.admission.push import build_message
 from app.bench.procs import log_path, wait_until
 from app.bench.reference import NOOP_QUEUE, NOOP_TASK
 from app.bench.stack import POOL, BenchStack
-from app.delivery.push import build_message
 from app.local.supervisor import Child
 
 # What Celery's worker logs once it consumes (`celery@host ready.`), ours as the references'.
@@ -68,8 +68,9 @@ def wait_drained(client: redis.Redis, queue: str, *, timeout_s: float) -> None:
     )
 
 
-def noop_drain(bench: BenchStack, count: int) -> float:
-    """Seconds a ready no-op worker (`POOL`) takes to drain `count` messages pushed at once."""
+def noop_drain(bench: BenchStack, count: int) -> tuple[float, dict[str, float]]:
+    """Seconds a ready no-op worker (`POOL`) takes to drain `count` messages pushed at
+    once, and the CPU it (and Redis) spent per message meanwhile."""
     pool, size = POOL
     child, _ready = start_reference_worker(
         bench, "celery-noop", queue=NOOP_QUEUE, concurrency=size, pool=pool
@@ -80,12 +81,14 @@ def noop_drain(bench: BenchStack, count: int) -> float:
                 build_message(f"noop-{n}", queue=NOOP_QUEUE, origin="bench", task=NOOP_TASK)
                 for n in range(count)
             ]
+            cpu = bench.cpu_of(worker=child.process.pid if child.process else None)
             started = time.monotonic()
-            with client.pipeline(transaction=False) as pipe:
-                for chunk in range(0, count, PUSH_CHUNK):
-                    pipe.lpush(NOOP_QUEUE, *messages[chunk : chunk + PUSH_CHUNK])
-                pipe.execute()
-            wait_drained(client, NOOP_QUEUE, timeout_s=max(120, count / 20))
-            return time.monotonic() - started
+            with cpu:
+                with client.pipeline(transaction=False) as pipe:
+                    for chunk in range(0, count, PUSH_CHUNK):
+                        pipe.lpush(NOOP_QUEUE, *messages[chunk : chunk + PUSH_CHUNK])
+                    pipe.execute()
+                wait_drained(client, NOOP_QUEUE, timeout_s=max(120, count / 20))
+            return time.monotonic() - started, cpu.ms_per(count)
     finally:
         bench.stop_child(child)

@@ -21,19 +21,22 @@ E2E_SINGLE = 1
 
 def end_to_end(bench: BenchStack) -> None:
     count = bench.sizes.end_to_end
-    default = _through_intake(bench, count, None)
-    single = _through_intake(bench, count, E2E_SINGLE)
+    default, default_cpu = _through_intake(bench, count, None)
+    single, single_cpu = _through_intake(bench, count, E2E_SINGLE)
     bench.progress(f"end to end: bare Celery no-op drain of {count} tasks")
     bench.reset()
-    drain_s = noop_drain(bench, count)
+    drain_s, noop_cpu = noop_drain(bench, count)
     bench.results["end_to_end"] = {
         "records": count,
         "ours_records_per_s": round(count / default[1], 1),
         "ours_intake_s": round(default[0], 2),
+        "ours_cpu_ms_per_record": default_cpu,
         "batch_size": TABLE_SINK_BATCH,
         "ours_single_records_per_s": round(count / single[1], 1),
         "ours_single_intake_s": round(single[0], 2),
+        "ours_single_cpu_ms_per_record": single_cpu,
         "celery_noop_per_s": round(count / drain_s, 1),
+        "celery_noop_cpu_ms_per_record": noop_cpu,
         "pool": f"{POOL[0]} {POOL[1]}",
     }
 
@@ -64,10 +67,12 @@ def post_until_done(
     return posted_s, time.monotonic() - started
 
 
-def _through_intake(bench: BenchStack, count: int, batch: int | None) -> tuple[float, float]:
+def _through_intake(
+    bench: BenchStack, count: int, batch: int | None
+) -> tuple[tuple[float, float], dict[str, float]]:
     """Post `count` order records and wait until all are done, the order line packing up to
     `batch` records to a message (None: its default). Returns (seconds to post them,
-    seconds to done)."""
+    seconds to done), and the CPU each process on the path spent per record."""
     bench.reset()
     bench.progress(
         f"end to end: {count} records through intake and an order worker, "
@@ -77,11 +82,13 @@ def _through_intake(bench: BenchStack, count: int, batch: int | None) -> tuple[f
     worker = bench.worker("order", **env)
     # Signed before the clock starts: the client's work is not the pipeline's.
     requests = signed_orders(count)
-    with bench.server("intake-e2e", "app.intake.asgi:app_from_env", **env) as (url, _child):
+    with bench.server("intake-e2e", "app.intake.asgi:app_from_env", **env) as (url, child):
         assert worker.process is not None
-        with RssSampler(worker.process.pid, include_children=True) as rss:
+        assert child.process is not None
+        cpu = bench.cpu_of(intake=child.process.pid, worker=worker.process.pid)
+        with RssSampler(worker.process.pid, include_children=True) as rss, cpu:
             seconds = post_until_done(bench, url, requests, timeout_s=max(120, count / 20))
     bench.stop_child(worker)
     if batch is None:
         bench.results.setdefault("memory", {})["worker"] = rss.summary()
-    return seconds
+    return seconds, cpu.ms_per(count)

@@ -66,6 +66,15 @@ def children(pid: int) -> list[int]:
 CLOCK_TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 
 
+def parent_of(pid: int) -> int | None:
+    """The parent of `pid` (from /proc); None for a process not on this host."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return int(stat.read().rsplit(")", 1)[1].split()[1])
+    except OSError:
+        return None
+
+
 def cpu_s(pid: int) -> float:
     """The CPU seconds (user and system) `pid` and its living descendants have used, from
     the kernel's counters (0 for a process gone)."""

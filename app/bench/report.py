@@ -23,7 +23,7 @@ def _cpu(per: dict[str, float] | None, unit: str) -> str:
     """The CPU each process spent per `unit`, as measured beside a rate ("" when not)."""
     if not per:
         return ""
-    spent = ", ".join(f"{name} {ms:.2f} ms" for name, ms in per.items())
+    spent = ", ".join(f"{name} {ms:.3g} ms" for name, ms in per.items())
     return f" · CPU per {unit}: {spent}"
 
 
@@ -63,15 +63,18 @@ def rows(figures: dict[str, Any]) -> list[tuple[str, str, str, str]]:
             (
                 f"end to end: {e2e['records']:,} records, intake → done ({e2e['pool']}; "
                 f"default settings, up to {e2e['batch_size']} records to a message)",
-                f"{e2e['ours_records_per_s']:,.0f} records/s",
-                f"bare Celery no-op drain: {e2e['celery_noop_per_s']:,.0f} tasks/s",
+                f"{e2e['ours_records_per_s']:,.0f} records/s"
+                + _cpu(e2e.get("ours_cpu_ms_per_record"), "record"),
+                f"bare Celery no-op drain: {e2e['celery_noop_per_s']:,.0f} tasks/s"
+                + _cpu(e2e.get("celery_noop_cpu_ms_per_record"), "task"),
                 _ratio(e2e["ours_records_per_s"], e2e["celery_noop_per_s"]),
             )
         )
         found.append(
             (
                 "end to end, one record to a message (batch_size=1)",
-                f"{e2e['ours_single_records_per_s']:,.0f} records/s",
+                f"{e2e['ours_single_records_per_s']:,.0f} records/s"
+                + _cpu(e2e.get("ours_single_cpu_ms_per_record"), "record"),
                 f"bare Celery no-op drain: {e2e['celery_noop_per_s']:,.0f} tasks/s",
                 _ratio(e2e["ours_single_records_per_s"], e2e["celery_noop_per_s"]),
             )
@@ -82,7 +85,8 @@ def rows(figures: dict[str, Any]) -> list[tuple[str, str, str, str]]:
         found.append(
             (
                 f"replay: {replay['rows']:,} journal rows re-enqueued",
-                f"{replay['records_per_s']:,.0f} records/s ({replay['seconds']:.1f} s)",
+                f"{replay['records_per_s']:,.0f} records/s ({replay['seconds']:.1f} s)"
+                + _cpu(replay.get("cpu_ms_per_record"), "record"),
                 f"target: {REPLAY_TARGET_PER_S:,} records/s",
                 _ratio(replay["records_per_s"], REPLAY_TARGET_PER_S),
             )
@@ -104,7 +108,8 @@ def rows(figures: dict[str, Any]) -> list[tuple[str, str, str, str]]:
             (
                 "isolation: order p99 intake → done, status flooded "
                 f"({isolation['status_records_posted']:,} posted)",
-                _latencies(flooded),
+                _latencies(flooded)
+                + _cpu(isolation.get("flooded_cpu_ms_per_record"), "status record"),
                 "alone: " + _latencies(alone),
                 _ratio(flooded["p99_ms"], alone["p99_ms"]),
             )

@@ -134,14 +134,16 @@ class Bench(BenchStack):
                 next_attempt_at=now + timedelta(days=1),
             )
             self.progress(f"replay: re-enqueueing {rows:,} records")
-            started = time.monotonic()
-            counts = rt.replayer.replay(
-                ReplayFilter(line="order", statuses=(RecordStatus.FAILED,)),
-                dry_run=False,
-                actor="bench",
-                clock=lambda: datetime.now(UTC),
-            )
+            started, own_began = time.monotonic(), time.process_time()
+            with self.cpu_of() as cpu:
+                counts = rt.replayer.replay(
+                    ReplayFilter(line="order", statuses=(RecordStatus.FAILED,)),
+                    dry_run=False,
+                    actor="bench",
+                    clock=lambda: datetime.now(UTC),
+                )
             seconds = time.monotonic() - started
+            own_ms = (time.process_time() - own_began) * 1000 / rows
         finally:
             rt.close()
         self.results["replay"] = {
@@ -149,6 +151,8 @@ class Bench(BenchStack):
             "enqueued": counts.enqueued,
             "seconds": round(seconds, 2),
             "records_per_s": round(rows / seconds, 1),
+            # The replay runs in the bench's own process.
+            "cpu_ms_per_record": {"replay": round(own_ms, 4), **cpu.ms_per(rows)},
         }
 
     def polled(self) -> None:
@@ -165,7 +169,7 @@ class Bench(BenchStack):
         self.reset()
         order = self.worker("order")
         status = self.worker("status")
-        with self.server("intake-isolation", "app.intake.asgi:app_from_env") as (url, _child):
+        with self.server("intake-isolation", "app.intake.asgi:app_from_env") as (url, child):
             self._order_latencies(url, 1, tag="warmup")  # connections, caches: not measured
             self.progress(f"isolation: order line alone, {seconds:.0f} s")
             alone = self._order_latencies(url, seconds, tag="alone")
@@ -178,7 +182,13 @@ class Bench(BenchStack):
             self.progress(
                 f"isolation: order line while the status line is flooded, {seconds:.0f} s"
             )
-            flooded, flood_posted = self._flooded(url, seconds, tag="flooded")
+            pids = {
+                "intake": child.process.pid if child.process else None,
+                "order worker": order.process.pid if order.process else None,
+                "status worker": status.process.pid if status.process else None,
+            }
+            with self.cpu_of(**pids) as flood_cpu:
+                flooded, flood_posted = self._flooded(url, seconds, tag="flooded")
         rate = max(1, round(flood_posted / (seconds + 1) * PACED_SHARE))
         paced_intake = self.server(
             "intake-isolation-paced",
@@ -203,6 +213,8 @@ class Bench(BenchStack):
             "busy_loops": loops,
             "flooded": flooded,
             "status_records_posted": flood_posted,
+            # Over the flooded phase, per status record journaled.
+            "flooded_cpu_ms_per_record": flood_cpu.ms_per(flood_posted),
             "paced": paced,
             "paced_intake_rate": rate,
             "paced_status_records_posted": paced_posted,

@@ -3,6 +3,7 @@ workers started and stopped by PID, and the requests it sends."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import platform
@@ -18,7 +19,7 @@ import redis
 from sqlalchemy import Engine, delete, func, select, text
 
 from app.bench.load import LoadResult, Request, wrk_path
-from app.bench.procs import CpuMeter, free_port, listening, log_path, wait_until
+from app.bench.procs import CpuMeter, free_port, listening, log_path, parent_of, wait_until
 from app.intake.signing import sign
 from app.journal.engine import make_engine
 from app.journal.models import (
@@ -168,12 +169,29 @@ class BenchStack:
             self.own_redis.stop()
 
     def cpu_of(self, **pids: int | None) -> CpuMeter:
-        """A meter of `pids` (by name; those that are None left out) and of the bench's own
-        Redis server, when it started one."""
+        """A meter of `pids` (by name; those that are None left out), of the bench's own
+        Redis server when it started one, and of the PostgreSQL server (its backends are
+        its children) when the journal is one on this host."""
         named = {name: pid for name, pid in pids.items() if pid is not None}
         if self.own_redis is not None and self.own_redis.pid is not None:
             named["redis"] = self.own_redis.pid
+        if self.postgres_pid is not None:
+            named["postgres"] = self.postgres_pid
         return CpuMeter(named)
+
+    @functools.cached_property
+    def postgres_pid(self) -> int | None:
+        """The PostgreSQL server's main process, when the journal is a PostgreSQL server
+        on this host; else None."""
+        if not self.database_url.startswith("postgresql"):
+            return None
+        engine = make_engine(self.database_url)
+        try:
+            with engine.connect() as conn:
+                backend = int(conn.execute(text("SELECT pg_backend_pid()")).scalar_one())
+        finally:
+            engine.dispose()
+        return parent_of(backend)
 
     def env(self, **extra: str) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("PIPELINE_")}

@@ -1,2 +1,2 @@
-"""Delivery: the bounded push onto a line's queue, accepting a record (journal, then push), the
-attempt runner, the sinks, backoff."""
+"""Delivery: the attempt engine (claim, deliver, record the outcome), its sinks, the
+circuit and limits that pace it, and pausing a line."""

@@ -1,20 +1,23 @@
 """The attempt engine: every record of every sink goes through it, the same three steps.
 
-1. **Claim** (`_claim`): the record's lease and attempt number, for records there is room
-   for now: a free delivery slot in this process, the line's circuit and its global limits
-   (`app.delivery.circuit`, `app.delivery.limits`, one Redis round trip each for a chunk
-   of records). A paused line claims nothing more, also within a message already running.
-2. **Deliver** (`_fly`): the sink (`app.delivery.sinks`): a POST on the process's async
-   HTTP client, or the line's handler on a thread, each within the line's one deadline. The
-   table sink is written in the claim's own transaction: claimed, written and done at once.
-3. **Record the outcome** (`_land`): the outcomes that ended together are counted in the
-   circuit in one round trip and written in one transaction by the one outcome writer
-   (`app.delivery.outcomes.record_outcome`).
+1. **Claim** (`_claim_in`): the record's lease and attempt number, for records there is
+   room for now: a free delivery slot in this process, the line's circuit and its global
+   limits (`app.delivery.circuit`, `app.delivery.limits`, one Redis round trip each for a
+   chunk of records). A paused line claims nothing more, also within a message already
+   running.
+2. **Deliver** (`_deliver`): to the sink (`app.delivery.sinks`): a POST on the process's
+   async HTTP client, or the line's handler on a thread, each within the line's one
+   deadline. The table sink is written in the claim's own transaction.
+3. **Record the outcome** (`_land`, `_write_outcomes`): the outcomes that ended together
+   are counted in the circuit in one round trip and written in one transaction by the one
+   outcome writer (`app.delivery.outcomes.record_outcome`).
 
-Every journal write goes through the process's commit queue (`app.delivery.commits`): the
-claims and outcomes of all the messages in flight share its transactions. Deliveries run
-on one event loop thread per process, so waiting on a downstream costs no thread; a
-worker's task threads hand their message to it (`run`) and wait for its results.
+HTTP deliveries and handlers run on one event loop thread per process, so waiting on a
+downstream costs no thread; a worker's task threads hand their message to it (`run`) and
+wait for its results, and the claims and outcomes of every message in flight share
+transactions through the process's commit queue (`app.journal.commits`). The table sink
+never waits: a message's records are claimed, written, marked done (or failed) in one
+transaction, in the caller's thread.
 
 A record the circuit, the limits or a pause keep from starting is not claimed: it waits in
 the journal (`failed` and due again soon, or `deferred` while paused) without spending an
@@ -37,17 +40,20 @@ from typing import Any, TypeVar
 import aiohttp
 from sqlalchemy import Connection
 
+from app.admission.pause import PausedLines, hold_back
 from app.clock import utcnow
 from app.delivery import sinks
 from app.delivery.circuit import Admission, Change, Circuits, Outcome, State, health_of
-from app.delivery.commits import in_one_transaction
 from app.delivery.limits import DeliveryLimits
 from app.delivery.outcomes import (
+    NOT_ATTEMPTED,
     POSTPONE_SPREAD,
     AttemptResult,
     Flight,
+    asked_to_wait,
     attempt_row,
     attempt_span,
+    circuit_open,
     describe_attempt,
     http_status_of,
     log_skipped,
@@ -55,10 +61,10 @@ from app.delivery.outcomes import (
     report,
     retry_after_of,
 )
-from app.delivery.pause import PausedLines, hold_back
 from app.errors import BrokerUnavailable, ConfigError, JournalUnavailable
 from app.journal import attempt_log, attempts
 from app.journal.attempt_log import Outcome as Ended
+from app.journal.commits import in_one_transaction
 from app.journal.journal import Journal
 from app.journal.models import Record, RecordStatus
 from app.line_settings import limit_wait_s, longest_delivery_s
@@ -171,6 +177,7 @@ class AttemptEngine:
         tracing: Tracing,
         lease_s: float,
     ) -> None:
+        self._journal = journal
         self._commits = in_one_transaction(journal, timeout_s=COMMIT_WAIT_S)
         self._lines = lines
         self._telemetry = telemetry
@@ -242,25 +249,30 @@ class AttemptEngine:
         message = _Message(
             line=line, owner=attempts.new_owner(), parents=parents or {}, clock=clock, rng=rng
         )
-        bound_s = self._lease_s + 2 * COMMIT_WAIT_S
-        found = self._call(self._attempt_all(ids, message), timeout_s=bound_s)
+        found = self._attempt_all(ids, message)
         return [found.get(record_id) or AttemptResult(record_id=record_id) for record_id in ids]
 
-    async def _attempt_all(self, ids: list[str], message: _Message) -> dict[str, AttemptResult]:
+    def _attempt_all(self, ids: list[str], message: _Message) -> dict[str, AttemptResult]:
         """The attempts of `ids` on the message's line; then, with their own line's sink and
         rules, those of its records that are of another line (a message sent to the wrong
-        queue)."""
-        if await self._is_paused(message.line):
-            await self._hold_back(ids, message)
+        queue). The table sink never waits: its attempts run in the caller's thread, in
+        one transaction; the others' deliveries on the loop."""
+        line = message.line
+        if self._paused.is_paused(line.name):
+            now = message.clock()
+            with self._journal.transaction("holding back records of a paused line") as conn:
+                held = hold_back(conn, ids, now=now)
+            log.info("records_held_line_paused", line=line.name, record_ids=ids[:10], held=held)
             return {}
-        if message.line.table_sink:
-            results = await self._table_sink(ids, message)
+        if line.table_sink:
+            results = self._table_sink(ids, message)
         else:
-            results = await self._deliver_all(ids, message)
+            bound_s = self._lease_s + 2 * COMMIT_WAIT_S
+            results = self._call(self._deliver_all(ids, message), timeout_s=bound_s)
         for name, elsewhere in message.elsewhere.items():
             if name in self._lines.names():
                 own = dataclasses.replace(message, line=self._lines.get(name), elsewhere={})
-                results |= await self._attempt_all(elsewhere, own)
+                results |= self._attempt_all(elsewhere, own)
         return results
 
     # Step 1: claim.
@@ -312,9 +324,9 @@ class AttemptEngine:
             log.warning("circuit_unread", line=line.name, error=str(exc))
             return _Room(ids=candidates)
         if verdict.admission is Admission.WAIT:
-            why = f"the circuit of {line.name} is open (its downstream fails most deliveries)"
+            why = circuit_open(line.name)
             if await self._holding(line):
-                why = f"{line.name}'s downstream asked to wait (Retry-After)"
+                why = asked_to_wait(line.name)
             return _Room(ids=[], wait_s=max(verdict.wait_s, 0.1), why=why)
         return _Room(
             ids=candidates[: max(1, verdict.granted)],
@@ -371,7 +383,7 @@ class AttemptEngine:
             while waiting:
                 if await self._is_paused(line):
                     # Paused while the message ran: what it has not claimed waits (`deferred`).
-                    await self._hold_back(waiting, message)
+                    await self._hold_back_rest(waiting, message)
                     break
                 free = await slots.take(len(waiting), timeout_s=limit_wait_s(self._lease_s))
                 if free == 0:
@@ -598,46 +610,21 @@ class AttemptEngine:
 
     # The table sink: claimed, written and recorded in one transaction.
 
-    async def _table_sink(self, ids: list[str], message: _Message) -> dict[str, AttemptResult]:
+    def _table_sink(self, ids: list[str], message: _Message) -> dict[str, AttemptResult]:
+        """The table sink's attempts of `ids`, in one transaction: claimed and done in one
+        statement, their rows written in one more, in the message's order (of two records
+        with one business number, the later one wins). When the table refuses a row (a
+        payload it cannot hold), none of that is kept, and one more transaction claims the
+        records and writes each row in a savepoint of its own, so that one fails alone."""
         line = message.line
         spans = {record_id: self._start_span(record_id, message) for record_id in ids}
-
-        def claim_write_record(conn: Connection) -> list[AttemptResult]:
-            claimed = self._claim_in(conn, ids, message)
-            now = message.clock()
-            in_reach = [r for r in claimed if r.attempts <= line.settings.max_attempts]
-            refused = sinks.write_rows(conn, in_reach, table=line.sink_table, now=now)
-            delivered = [r for r in in_reach if r.id not in refused]
-            _mark_done_all(conn, delivered, owner=message.owner, now=now)
-            done = [
-                AttemptResult(
-                    record_id=r.id, record=r, status=RecordStatus.DONE, outcome=Ended.DONE
-                )
-                for r in delivered
-            ]
-            rows = [
-                attempt_row(
-                    r, owner=message.owner, started_at=now, finished_at=now, outcome=Ended.DONE
-                )
-                for r in delivered
-            ]
-            attempt_log.write(conn, rows)
-            delivered_ids = {r.id for r in delivered}
-            failed = [
-                Flight(
-                    record=r,
-                    started_at=now,
-                    finished_at=now,
-                    error=refused.get(r.id) or RuntimeError("the worker was lost on every attempt"),
-                    counts=False,
-                )
-                for r in claimed
-                if r.id not in delivered_ids
-            ]
-            return done + self._write_outcomes(conn, failed, message)
-
         try:
-            results = await self._commits.put(claim_write_record)
+            try:
+                with self._journal.transaction(f"table sink of {len(ids)} records") as conn:
+                    results = self._claim_write_done(conn, ids, message)
+            except _TableRefused:
+                with self._journal.transaction(f"table sink of {len(ids)} records") as conn:
+                    results = self._claim_write_each(conn, ids, message)
         except BaseException as exc:
             for span in spans.values():
                 span.fail(f"{type(exc).__name__}: {exc}")
@@ -650,12 +637,58 @@ class AttemptEngine:
             span.end()
         return found
 
+    def _claim_write_done(
+        self, conn: Connection, ids: list[str], message: _Message
+    ) -> list[AttemptResult]:
+        line, now = message.line, message.clock()
+        done = attempts.claim_done_all(
+            conn, ids, line=line.name, max_attempts=line.settings.max_attempts, now=now
+        )
+        by_id = {record.id: record for record in done}
+        in_order = [by_id[record_id] for record_id in ids if record_id in by_id]
+        try:
+            sinks.write_table_sink_all(conn, in_order, table=line.sink_table, now=now)
+        except Exception as exc:
+            raise _TableRefused from exc
+        attempt_log.write(conn, [_done_row(record, message.owner, now) for record in in_order])
+        results = [_done(record) for record in in_order]
+        rest = [record_id for record_id in ids if record_id not in by_id]
+        # Out of attempts, in flight, final, or of another line: the claim says which.
+        return results + self._claim_write_each(conn, rest, message)
+
+    def _claim_write_each(
+        self, conn: Connection, ids: list[str], message: _Message
+    ) -> list[AttemptResult]:
+        if not ids:
+            return []
+        line, owner = message.line, message.owner
+        claimed = self._claim_in(conn, ids, message)
+        now = message.clock()
+        in_reach = [r for r in claimed if r.attempts <= line.settings.max_attempts]
+        refused = sinks.write_rows(conn, in_reach, table=line.sink_table, now=now)
+        delivered = [r for r in in_reach if r.id not in refused]
+        _mark_done_all(conn, delivered, owner=owner, now=now)
+        attempt_log.write(conn, [_done_row(record, owner, now) for record in delivered])
+        lost = RuntimeError("the worker was lost on every attempt")
+        failed = [
+            Flight(
+                record=r,
+                started_at=now,
+                finished_at=now,
+                error=refused.get(r.id) or lost,
+                counts=False,
+            )
+            for r in claimed
+            if r not in delivered
+        ]
+        return [_done(r) for r in delivered] + self._write_outcomes(conn, failed, message)
+
     # What keeps records from starting.
 
     async def _is_paused(self, line: Line) -> bool:
         return await asyncio.to_thread(self._paused.is_paused, line.name)
 
-    async def _hold_back(self, ids: list[str], message: _Message) -> None:
+    async def _hold_back_rest(self, ids: list[str], message: _Message) -> None:
         now = message.clock()
         held = await self._commits.put(lambda conn: hold_back(conn, ids, now=now))
         log.info("records_held_line_paused", line=message.line.name, record_ids=ids[:10], held=held)
@@ -668,7 +701,7 @@ class AttemptEngine:
         now = message.clock()
         spread = message.rng.uniform(0, POSTPONE_SPREAD)
         retry_at = now + timedelta(seconds=after_s + spread)
-        reason = f"not attempted: {why}"
+        reason = f"{NOT_ATTEMPTED}{why}"
         moved = await self._commits.put(
             lambda conn: attempts.postpone(conn, ids, reason=reason, retry_at=retry_at, now=now)
         )
@@ -714,3 +747,17 @@ def _serve(loop: asyncio.AbstractEventLoop) -> None:
         with contextlib.suppress(Exception):
             loop.run_until_complete(asyncio.sleep(0))
         loop.close()
+
+
+class _TableRefused(Exception):
+    """The table refused a row of the batch: nothing of its transaction is kept."""
+
+
+def _done(record: Record) -> AttemptResult:
+    return AttemptResult(
+        record_id=record.id, record=record, status=RecordStatus.DONE, outcome=Ended.DONE
+    )
+
+
+def _done_row(record: Record, owner: str, at: datetime) -> attempt_log.Attempt:
+    return attempt_row(record, owner=owner, started_at=at, finished_at=at, outcome=Ended.DONE)

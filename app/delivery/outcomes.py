@@ -9,6 +9,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from enum import StrEnum
 
 import httpx
 from sqlalchemy import Connection
@@ -32,6 +33,42 @@ log = get_logger(__name__)
 # How long after the circuit's next probe a postponed record is due, at most (spread, so
 # the records of an outage do not all come back in the same second).
 POSTPONE_SPREAD = 1.0
+
+# How a record that waits without spending an attempt says why, in its `last_error`: not
+# attempted (`NOT_ATTEMPTED` and the reason), or attempted while its line's circuit was
+# open (the error, then `NOT_COUNTED`).
+NOT_ATTEMPTED = "not attempted: "
+NOT_COUNTED = "(not counted: "
+
+
+class WaitingFor(StrEnum):
+    """What a `failed` record that spent no attempt waits for."""
+
+    DOWNSTREAM = "downstream"  # its line's circuit is open, or its downstream asked to wait
+    ROOM = "room"  # no delivery slot, or no room under its line's limits, in time
+
+
+def circuit_open(line: str) -> str:
+    return f"the circuit of {line} is open (its downstream fails most deliveries)"
+
+
+def asked_to_wait(line: str) -> str:
+    return f"{line}'s downstream asked to wait (Retry-After)"
+
+
+def waiting_for(record: Record) -> WaitingFor | None:
+    """What `record` waits for, when it is `failed` without its attempt spent (None: it
+    is not, or its last attempt failed for its own sake)."""
+    error = record.last_error or ""
+    if record.status is not RecordStatus.FAILED:
+        return None
+    if NOT_COUNTED in error:
+        return WaitingFor.DOWNSTREAM
+    if not error.startswith(NOT_ATTEMPTED):
+        return None
+    if "circuit of" in error or "asked to wait" in error:
+        return WaitingFor.DOWNSTREAM
+    return WaitingFor.ROOM
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -179,7 +216,7 @@ def record_outcome(
                 conn,
                 record,
                 owner=owner,
-                error=f"{error} (not counted: the circuit of {line.name} is open)",
+                error=f"{error} {NOT_COUNTED}the circuit of {line.name} is open)",
                 retry_at=now + max(timedelta(seconds=wait_s), asked),
                 now=now,
             )

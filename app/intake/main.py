@@ -10,8 +10,8 @@ from typing import Any
 
 from fastapi import FastAPI
 
+from app.admission.accept import accept_group
 from app.clock import utcnow
-from app.delivery.commits import accept_group
 from app.errors import ConfigError
 from app.intake import (
     docs,

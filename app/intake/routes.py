@@ -13,10 +13,9 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstra
 from sqlalchemy import text
 from starlette.concurrency import run_in_threadpool
 
+from app.admission.accept import Acceptance
 from app.clock import as_utc, utcnow
 from app.dedup_keys import DEV
-from app.delivery.accept import Acceptance
-from app.delivery.commits import CommitQueue
 from app.errors import (
     BrokerUnavailable,
     JournalUnavailable,
@@ -36,6 +35,7 @@ from app.intake.pacing import Pacer
 from app.intake.signing import MAX_NONCE_LENGTH, Caller, verify
 from app.intake.views import alert_view, line_status_view, record_view
 from app.journal import attempt_log, audit, store
+from app.journal.commits import CommitQueue
 from app.journal.models import RecordStatus, Source
 from app.journal.store import NewRecord
 from app.observe.metrics import CONTENT_TYPE, render

@@ -6,6 +6,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from app.delivery.outcomes import waiting_for
 from app.journal.attempt_log import Attempt
 from app.journal.models import Record
 from app.observe.line_view import LineStatus
@@ -37,6 +38,10 @@ def record_view(
         "payload": record.payload,
         "payload_bytes": payload_bytes(record),
         "last_error": record.last_error,
+        # `downstream` or `room` for a `failed` record that waits without spending an
+        # attempt (its line's circuit open, its downstream's Retry-After, no room in time);
+        # None otherwise.
+        "waiting_for": waiting_for(record),
         "created_at": record.created_at.isoformat(),
         "updated_at": record.updated_at.isoformat(),
         "finished_at": record.finished_at.isoformat() if record.finished_at else None,

@@ -19,7 +19,7 @@ from sqlalchemy import Connection, bindparam, select, update
 from app.journal.dbclock import db_time, db_time_at
 from app.journal.guards import NOW, guard, lease_free, lease_held
 from app.journal.models import Record, RecordStatus, records
-from app.journal.store import among, among_param, unindexed_status, update_by_id
+from app.journal.store import among, among_param, unindexed_line, unindexed_status, update_by_id
 from app.journal.transitions import TRANSITIONS, Event
 
 
@@ -69,17 +69,6 @@ _CLAIM = (
     .values(**_lease_values(bindparam("lease_s")))
     .returning(*records.c)
 )
-_CLAIM_DONE = (
-    update(records)
-    .where(
-        records.c.id == bindparam("record_id"),
-        records.c.line == bindparam("record_line"),
-        records.c.attempts < bindparam("max_attempts"),
-        *guard(Event.ATTEMPT),
-    )
-    .values(attempts=records.c.attempts + 1, **_done_values())
-    .returning(*records.c)
-)
 _MARK_DONE = (
     update(records)
     .where(records.c.id == bindparam("record_id"), *guard(Event.SUCCEEDED), *lease_held())
@@ -107,16 +96,22 @@ def claim_attempt(
     return Record.from_row(row) if row else None
 
 
-def claim_done(
-    conn: Connection, record_id: str, *, line: str, max_attempts: int, now: datetime
-) -> Record | None:
-    """An attempt that is done in the transaction that starts it (the table sink): the
-    record, now `done`, if it is a runnable record of `line` with no live lease and an
-    attempt left; else None, and nothing changed. It takes no lease: its transaction
-    holds the row until it is done."""
-    params = {"record_id": record_id, "record_line": line, "max_attempts": max_attempts, "now": now}
-    row = conn.execute(_CLAIM_DONE, params).first()
-    return Record.from_row(row) if row else None
+def claim_done_all(
+    conn: Connection, record_ids: Sequence[str], *, line: str, max_attempts: int, now: datetime
+) -> list[Record]:
+    """Attempts that are done in the transaction that starts them (the table sink): those
+    of `record_ids` that are runnable records of `line` with no live lease and an attempt
+    left, now `done` (in no order); the others are left as they were. It takes no lease:
+    its transaction holds the rows until it ends."""
+    if not record_ids:
+        return []
+    params = {
+        "record_ids": list(record_ids),
+        "record_line": line,
+        "max_attempts": max_attempts,
+        "now": now,
+    }
+    return [Record.from_row(row) for row in conn.execute(_claims_done(conn), params)]
 
 
 # `claim_attempts`' statements, by dialect and whether they name a line: built once (the
@@ -132,7 +127,7 @@ def _claims(conn: Connection, *, of_line: bool) -> Any:
             *guard(Event.ATTEMPT, status=unindexed_status),
         ]
         if of_line:
-            terms.append(records.c.line == bindparam("record_line"))
+            terms.append(unindexed_line == bindparam("record_line"))
         _CLAIMS[key] = (
             update(records)
             .where(*terms)
@@ -140,6 +135,27 @@ def _claims(conn: Connection, *, of_line: bool) -> Any:
             .returning(*records.c)
         )
     return _CLAIMS[key]
+
+
+# `claim_done_all`'s statement, by dialect.
+_CLAIMS_DONE: dict[str, Any] = {}
+
+
+def _claims_done(conn: Connection) -> Any:
+    name = conn.dialect.name
+    if name not in _CLAIMS_DONE:
+        _CLAIMS_DONE[name] = (
+            update(records)
+            .where(
+                among_param(conn, records.c.id, "record_ids"),
+                unindexed_line == bindparam("record_line"),
+                records.c.attempts < bindparam("max_attempts"),
+                *guard(Event.ATTEMPT, status=unindexed_status),
+            )
+            .values(attempts=records.c.attempts + 1, **_done_values())
+            .returning(*records.c)
+        )
+    return _CLAIMS_DONE[name]
 
 
 def claim_attempts(

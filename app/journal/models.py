@@ -106,7 +106,7 @@ records = Table(
     Column("updated_at", UtcDateTime, nullable=False),
     Column("finished_at", UtcDateTime, nullable=True),
     Column("task_id", String(64), nullable=True),
-    # The Redis epoch the record's message was pushed in (see app.delivery.push): a record
+    # The Redis epoch the record's message was pushed in (see app.admission.push): a record
     # `enqueued` in an older epoch was lost with Redis's memory and is pushed again.
     Column("queue_epoch", String(36), nullable=True),
     # The lease of the attempt running the record (app.journal.transitions): who runs it

@@ -1,7 +1,7 @@
 """The journal's paused lines: a row per line while an operator has it paused.
 
 The journal is where a pause lives, so it outlasts a restart of any component and of
-Redis; every process reads it (`app.delivery.pause.PausedLines` keeps a copy at most a
+Redis; every process reads it (`app.admission.pause.PausedLines` keeps a copy at most a
 second old). Like `app.journal.store`, every function takes a connection and never
 commits: the caller owns the transaction (and writes the audit row in it)."""
 

@@ -67,8 +67,10 @@ def _render_unindexed_pg(element: _Unindexed, compiler: SQLCompiler, **kw: Any) 
     return "(" + compiler.process(element.clauses, **kw) + " || '')"
 
 
-# The status in the guard of a statement that picks its records by id.
+# The status in the guard of a statement that picks its records by id, and the line it
+# may name (so that the primary key picks them, however the other indexes look).
 unindexed_status = _Unindexed(records.c.status)
+unindexed_line = _Unindexed(records.c.line)
 
 
 def among(

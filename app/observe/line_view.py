@@ -45,7 +45,7 @@ class CircuitView(Protocol):
 
 
 class PausedView(Protocol):
-    """The paused lines as a process sees them (`app.delivery.pause.PausedLines`)."""
+    """The paused lines as a process sees them (`app.admission.pause.PausedLines`)."""
 
     def current(self) -> dict[str, LinePause]: ...
 
@@ -102,7 +102,7 @@ class LineView:
     queues: QueueDepths
     redis: redis.Redis
     lines: LineRegistry
-    # The paused lines (`app.delivery.pause.PausedLines`, read at most once a second).
+    # The paused lines (`app.admission.pause.PausedLines`, read at most once a second).
     paused: PausedView | None = None
     circuits: CircuitView | None = None
     # Seconds, for the age of the journal's view (a clock the tests may move).

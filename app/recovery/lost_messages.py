@@ -1,6 +1,6 @@
 """Messages Redis lost in part: found by looking, pushed again.
 
-The epoch (`app.delivery.push`) tells when Redis lost everything. A partial loss leaves the
+The epoch (`app.admission.push`) tells when Redis lost everything. A partial loss leaves the
 epoch: a failover to a replica that lagged, the last second of an append-only file, a
 message acked by a hard time limit, a single message removed by hand, a sweeper killed
 between its claim and its push. Run by the active beat every
@@ -20,8 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from app.delivery.pause import PausedLines
-from app.delivery.push import Pusher
+from app.admission.pause import PausedLines
+from app.admission.push import Pusher
 from app.errors import BrokerUnavailable
 from app.journal import claims
 from app.journal.journal import Journal

@@ -18,8 +18,8 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from app.delivery.pause import PausedLines
-from app.delivery.push import Pusher
+from app.admission.pause import PausedLines
+from app.admission.push import Pusher
 from app.errors import (
     BrokerUnavailable,
     InvalidFilter,

@@ -19,7 +19,7 @@ from datetime import datetime
 import httpx
 from sqlalchemy import Connection
 
-from app.delivery.push import Pusher
+from app.admission.push import Pusher
 from app.errors import JournalUnavailable
 from app.ids import new_id
 from app.journal import audit, claims, store

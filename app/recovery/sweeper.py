@@ -8,15 +8,15 @@ epoch; or unchanged past the stuck threshold), and those whose attempt's lease e
 without an outcome. None in flight (a live lease) is pushed. Thresholds are on the
 database's clock. Then one pipelined push per batch; what was not
 pushed is put back as it was. Two sweepers at once never lose or double-claim a record.
-A paused line (`app.delivery.pause`) is passed over: what waits keeps its place."""
+A paused line (`app.admission.pause`) is passed over: what waits keeps its place."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from app.delivery.pause import PausedLines
-from app.delivery.push import Pusher
+from app.admission.pause import PausedLines
+from app.admission.push import Pusher
 from app.errors import BrokerUnavailable
 from app.journal import claims
 from app.journal.journal import Journal

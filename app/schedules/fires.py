@@ -7,8 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
+from app.admission.accept import Acceptor
 from app.dedup_keys import schedule_key
-from app.delivery.accept import Acceptor
 from app.errors import PipelineError
 from app.ids import digest, new_id
 from app.journal.journal import Journal

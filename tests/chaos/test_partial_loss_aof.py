@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from app.delivery.push import EPOCH_KEY
+from app.admission.push import EPOCH_KEY
 from app.local.embedded_redis import answers, server_binary
 from tests.support.messages import queued_ids
 from tests.support.processes import free_port, wait_for

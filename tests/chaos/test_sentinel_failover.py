@@ -17,7 +17,7 @@ import httpx
 import pytest
 import redis
 
-from app.delivery.push import Pusher
+from app.admission.push import Pusher
 from app.journal.models import RecordStatus
 from app.redis_client import make_redis
 from app.runtime import Runtime

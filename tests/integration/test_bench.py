@@ -68,11 +68,18 @@ def test_quick_bench_completes_and_prints_every_row(harness, tmp_path):
         assert intake[name]["requests"] > 0
         assert intake[name]["non_2xx"] == 0, intake[name]
         assert intake[name]["errors"] == 0, intake[name]
-        # The cost beside the rate: the intake process's CPU, and the bench's Redis.
+        # The cost beside the rate: the intake process's CPU, the bench's Redis and the
+        # PostgreSQL server (its backends are its children).
         cpu = intake[name]["cpu_ms_per_request"]
-        assert set(cpu) == {"intake", "redis"}, cpu
+        assert set(cpu) == {"intake", "redis", "postgres"}, cpu
         assert cpu["intake"] > 0, cpu
-    assert figures["end_to_end"]["records"] == 1_000
+    e2e = figures["end_to_end"]
+    assert e2e["records"] == 1_000
+    for name in ("ours_cpu_ms_per_record", "ours_single_cpu_ms_per_record"):
+        assert set(e2e[name]) == {"intake", "worker", "redis", "postgres"}, (name, e2e)
+        assert min(e2e[name].values()) > 0, (name, e2e)
+    assert set(e2e["celery_noop_cpu_ms_per_record"]) == {"worker", "redis", "postgres"}, e2e
+    assert e2e["celery_noop_cpu_ms_per_record"]["worker"] > 0, e2e
     delivery = figures["delivery"]
     assert [run["delay_ms"] for run in delivery["runs"]] == [20]  # a quick run: one delay
     for run in delivery["runs"]:
@@ -86,7 +93,7 @@ def test_quick_bench_completes_and_prints_every_row(harness, tmp_path):
             assert counts["max_in_flight"] >= 1, (name, run)
         for name in ("ours_drain", "plain", "plain_same"):
             cpu = run["downstream"][name]["cpu_ms_per_record"]
-            assert set(cpu) == {"worker", "redis"}, (name, cpu)
+            assert set(cpu) == {"worker", "redis", "postgres"}, (name, cpu)
             assert cpu["worker"] > 0, (name, cpu)
             assert cpu["redis"] > 0, (name, cpu)
         # Plain Celery with our process count (one): fewer tasks, each once, one at a time.
@@ -110,6 +117,9 @@ def test_quick_bench_completes_and_prints_every_row(harness, tmp_path):
         assert run["concurrency"] >= 1
         assert run["batch_size"] >= 1
     assert figures["replay"]["enqueued"] == figures["replay"]["rows"] == 20_000
+    replayed = figures["replay"]["cpu_ms_per_record"]
+    assert set(replayed) == {"replay", "redis", "postgres"}, replayed
+    assert replayed["replay"] > 0, replayed
     polled, retention = figures["polled"], figures["retention"]
     assert polled["polls"] > 0
     assert polled["polls_not_ok"] == 0
@@ -121,6 +131,9 @@ def test_quick_bench_completes_and_prints_every_row(harness, tmp_path):
     assert figures["isolation"]["busy"]["records"] > 0
     assert figures["isolation"]["busy_loops"] >= 1
     assert figures["isolation"]["flooded"]["records"] > 0
+    flood_cpu = figures["isolation"]["flooded_cpu_ms_per_record"]
+    assert set(flood_cpu) == {"intake", "order worker", "status worker", "redis", "postgres"}
+    assert flood_cpu["intake"] > 0, flood_cpu
     assert figures["isolation"]["paced"]["records"] > 0
     assert figures["isolation"]["paced_intake_rate"] >= 1
     assert figures["machine"]["database"].startswith("postgresql")

@@ -5,6 +5,9 @@ line resumes when a probe succeeds; no record dies of the outage."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
 from typing import Any
 
@@ -28,6 +31,12 @@ def _circuit(client, line: str) -> dict[str, Any]:
     lines = client.get("/v1/lines").json()["lines"]
     (found,) = [row for row in lines if row["line"] == line]
     return found["circuit"]
+
+
+def _waiting(client) -> set[str | None]:
+    """What the line's failed records wait for, as the API shows them."""
+    page = client.get("/v1/records", params={"line": "shipment", "status": "failed"}).json()
+    return {item["waiting_for"] for item in page["items"]}
 
 
 def test_a_downstream_down_for_a_minute_kills_no_record(harness):
@@ -65,6 +74,22 @@ def test_a_downstream_down_for_a_minute_kills_no_record(harness):
         assert circuit["next_probe_at"]
         metrics = client.get("/metrics").text
         assert 'pipeline_circuit_open{line="shipment"} 1.0' in metrics
+        # A record waiting behind the open circuit shows as waiting for its downstream, in
+        # the API and on the command line, not as a failure of its own.
+        wait_for(
+            lambda: _waiting(client) == {"downstream"},
+            timeout_s=15,
+            what="the failed records to wait for their downstream",
+        )
+        listed = subprocess.run(
+            [sys.executable, "-m", "app.cli", "records", "list", "--line", "shipment"],
+            env={**os.environ, **harness.env, "COLUMNS": "250"},
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
+        assert "failed, waiting for downstream" in listed.stdout
 
         time.sleep(max(0.0, OUTAGE_S - (time.monotonic() - down_since)))
         downstream.status = 200

@@ -9,8 +9,8 @@ import threading
 import pytest
 from sqlalchemy import text
 
+from app.admission.accept import Acceptance
 from app.clock import utcnow
-from app.delivery.accept import Acceptance
 from app.ids import new_id
 from app.journal.models import Source
 from app.journal.store import NewRecord

@@ -12,10 +12,10 @@ import pytest
 import redis
 from sqlalchemy import event
 
+from app.admission.accept import Acceptance
+from app.admission.push import TASK_NAME
 from app.celery_app import create_celery
 from app.clock import utcnow
-from app.delivery.accept import Acceptance
-from app.delivery.push import TASK_NAME
 from app.errors import UnboundedPublish
 from app.ids import new_id
 from app.journal import attempts, claims, expiry, store
@@ -232,7 +232,7 @@ def test_statements_that_pick_records_by_id_go_through_the_primary_key_on_sqlite
             expiry.delete_expired(conn, expiry.Cutoffs(done=now, undelivered=now), limit=10)
             claimed = attempts.claim_attempts(conn, ids, owner="o", lease_s=60, now=now)
             attempts.mark_done_all(conn, claimed, owner="o", now=now)
-            attempts.claim_done(conn, ids[0], line="order", max_attempts=8, now=now)
+            attempts.claim_done_all(conn, ids[:1], line="order", max_attempts=8, now=now)
             attempts.claim_attempt(conn, ids[0], owner="o", lease_s=60, now=now)
         assert len(statements) >= 7
         with engine.connect() as conn:

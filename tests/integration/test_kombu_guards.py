@@ -20,7 +20,7 @@ from kombu import Connection, Producer, Queue
 from kombu.asynchronous import Hub
 
 from app import redis_client
-from app.delivery.push import UNACKED_KEY, Pusher
+from app.admission.push import UNACKED_KEY, Pusher
 from app.local.embedded_redis import RedisServer
 from tests.support.kombu_shipped import kombu_redis_as_shipped
 from tests.support.processes import free_port

@@ -8,8 +8,8 @@ import threading
 
 import pytest
 
+from app.admission.push import Pusher
 from app.clock import utcnow
-from app.delivery.push import Pusher
 from app.recovery.replay import ReplayFilter
 from tests.support.processes import wait_for
 from tests.support.runs import overlapping, runs_by_record, use_runs_log

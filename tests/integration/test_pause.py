@@ -8,8 +8,8 @@ import time
 
 import pytest
 
+from app.admission.pause import hold_back
 from app.clock import utcnow
-from app.delivery.pause import hold_back
 from app.journal import attempts, audit, store
 from app.journal.models import RecordStatus, Source
 from app.journal.store import NewRecord

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from app.delivery.push import TASK_NAME
+from app.admission.push import TASK_NAME
 
 # HTTP, Redis or the browser: the journal's database plays no part.
 pytestmark = pytest.mark.journal_independent

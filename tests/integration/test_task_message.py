@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from celery.worker.request import Request
 
+from app.admission.push import TASK_NAME, Pusher
 from app.celery_app import create_celery
-from app.delivery.push import TASK_NAME, Pusher
 from app.redis_client import make_redis
 from app.settings import load_settings
 

@@ -8,8 +8,8 @@ from datetime import UTC, datetime, timedelta
 
 import httpx
 
+from app.admission.push import MAX_LABELS_REPR, labels_repr
 from app.delivery.outcomes import failure_outcome, http_status_of
-from app.delivery.push import MAX_LABELS_REPR, labels_repr
 from app.errors import DeliveryFailed
 from app.journal.attempt_log import MAX_ERROR_MESSAGE_LENGTH, Outcome, new_attempt
 

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from app.delivery.accept import decide_overflow
+from app.admission.accept import decide_overflow
 from app.journal.models import RecordStatus
 from app.journal.transitions import Event as Transition
 from app.line_settings import Overflow

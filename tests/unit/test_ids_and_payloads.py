@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from app.delivery.push import TASK_NAME, build_message
+from app.admission.push import TASK_NAME, build_message
 from app.errors import InvalidPayload
 from app.ids import new_id
 from app.intake.body import parse_payload

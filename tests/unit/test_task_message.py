@@ -1,4 +1,4 @@
-"""Contract of `app.delivery.push.build_message` with Celery: the task message we write by
+"""Contract of `app.admission.push.build_message` with Celery: the task message we write by
 hand is the one Celery's own `app.amqp.as_task_v2` builds for the same task and arguments,
 and a Celery worker's request reads it as that task's call.
 
@@ -19,8 +19,8 @@ from kombu import Connection, serialization
 from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual
 
+from app.admission.push import TASK_NAME, build_message
 from app.celery_app import create_celery
-from app.delivery.push import TASK_NAME, build_message
 from app.settings import load_settings
 from workers import tasks
 

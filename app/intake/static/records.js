@@ -10,8 +10,19 @@ let query = null;      // the filters of the search shown
 let nextCursor = null;
 let openId = null;     // the record whose detail is open
 
-function statusCell(status) {
-  return el("td", {class: "status status-" + status}, TROUBLE.has(status) ? status.toUpperCase() : status);
+// A failed record that spent no attempt waits (for its downstream, or for room): it is
+// shown waiting, not as a failure.
+function shownStatus(record) {
+  return record.waiting_for ? "waiting" : record.status;
+}
+
+function statusText(record) {
+  if (record.waiting_for) return `waiting for ${record.waiting_for}`;
+  return TROUBLE.has(record.status) ? record.status.toUpperCase() : record.status;
+}
+
+function statusCell(record) {
+  return el("td", {class: "status status-" + shownStatus(record), "data-status": record.status}, statusText(record));
 }
 
 function recordRow(record) {
@@ -19,7 +30,7 @@ function recordRow(record) {
   open.addEventListener("click", () => openRecord(record.id));
   return el("tr", {"data-record": record.id},
     el("td", {}, open), el("td", {}, record.line), el("td", {}, record.business_no),
-    statusCell(record.status), el("td", {class: "num"}, String(record.attempts)),
+    statusCell(record), el("td", {class: "num"}, String(record.attempts)),
     el("td", {}, timeEl(record.updated_at)), el("td", {}, record.status === "failed" ? timeEl(record.next_attempt_at) : "–"));
 }
 
@@ -86,7 +97,8 @@ function field(name, value) { return [el("dt", {}, name), el("dd", {"data-field"
 
 function renderDetail(record) {
   $("#detail-title").textContent = "Record " + record.id;
-  const statusDd = el("span", {class: "status-" + record.status}, record.status);
+  const statusDd = el("span", {class: "status-" + shownStatus(record)},
+    record.waiting_for ? `${record.status}, waiting for ${record.waiting_for} (no attempt spent)` : record.status);
   $("#detail-fields").replaceChildren(
     ...field("status", statusDd), ...field("line", record.line), ...field("business no.", record.business_no),
     ...field("source", record.source), ...field("attempts", String(record.attempts)),

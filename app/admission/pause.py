@@ -20,7 +20,7 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from app.delivery.waiting import Waiting
+from app.admission.waiting import Waiting
 from app.errors import BrokerUnavailable, JournalUnavailable
 from app.journal import audit, pauses, store
 from app.journal.audit import Action

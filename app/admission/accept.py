@@ -9,10 +9,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 
-from app.delivery.pause import PausedLines
-from app.delivery.push import Pusher
+from app.admission.pause import PausedLines
+from app.admission.push import Pusher
 from app.errors import BrokerUnavailable, JournalUnavailable
 from app.journal import store
+from app.journal.commits import CommitQueue
 from app.journal.journal import Journal
 from app.journal.models import Record, RecordStatus
 from app.journal.store import NewRecord
@@ -291,3 +292,17 @@ def _as_admitted(outcomes: list[Acceptance]) -> list[Acceptance]:
         o if o.created or o.record.id not in admitted else replace(o, status=admitted[o.record.id])
         for o in outcomes
     ]
+
+
+def accept_group(
+    acceptor: Acceptor, *, clock: Callable[[], datetime], timeout_s: float
+) -> CommitQueue[NewRecord, Acceptance]:
+    """The intake's queue: the records of concurrent requests accepted together
+    (`Acceptor.accept_many`: one transaction, one push per line, one more transaction to
+    mark them enqueued). Each request is answered once its record is committed and pushed,
+    before the marking (a record pushed but still `received` loses nothing)."""
+
+    def write(news: list[NewRecord], answer: Callable[[Sequence[Acceptance]], None]) -> None:
+        acceptor.accept_many(news, clock=clock, on_admitted=answer)
+
+    return CommitQueue(write, name="group-accept", timeout_s=timeout_s)

@@ -1,6 +1,6 @@
 """The commit queue: the journal writes of many callers, one transaction for those waiting
-together. The intake's acceptances go through one (`accept_group`), and so do a worker's
-claims and outcomes (`in_one_transaction`).
+together. The intake's acceptances go through one (`app.admission.accept.accept_group`), and so
+do a worker's claims and outcomes (`in_one_transaction`).
 
 Callers put an item and await its answer; a writer thread takes everything waiting (up to
 `max_group`) and writes it at once. A caller that arrives while a group is being written
@@ -17,15 +17,12 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
-from datetime import datetime
 from typing import Any, Generic, TypeVar
 
 from sqlalchemy import Connection
 
-from app.delivery.accept import Acceptance, Acceptor
 from app.errors import JournalUnavailable, ShuttingDown
 from app.journal.journal import Journal
-from app.journal.store import NewRecord
 from app.logs import get_logger
 
 log = get_logger(__name__)
@@ -161,20 +158,6 @@ class CommitQueue(Generic[T, R]):
             deadline = time.monotonic() + timeout_s
             for thread in writers:
                 thread.join(timeout=max(0.0, deadline - time.monotonic()))
-
-
-def accept_group(
-    acceptor: Acceptor, *, clock: Callable[[], datetime], timeout_s: float
-) -> CommitQueue[NewRecord, Acceptance]:
-    """The intake's queue: the records of concurrent requests accepted together
-    (`Acceptor.accept_many`: one transaction, one push per line, one more transaction to
-    mark them enqueued). Each request is answered once its record is committed and pushed,
-    before the marking (a record pushed but still `received` loses nothing)."""
-
-    def write(news: list[NewRecord], answer: Callable[[Sequence[Acceptance]], None]) -> None:
-        acceptor.accept_many(news, clock=clock, on_admitted=answer)
-
-    return CommitQueue(write, name="group-accept", timeout_s=timeout_s)
 
 
 def in_one_transaction(journal: Journal, *, timeout_s: float) -> CommitQueue[Job, Any]:

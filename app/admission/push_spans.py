@@ -1,6 +1,6 @@
 """The push spans of traced records: one per record (a message of a batch carries records of
 different traces), each a child of the record's own traceparent, whose traceparent its
-message carries for the worker (`app.delivery.push.build_message`)."""
+message carries for the worker (`app.admission.push.build_message`)."""
 
 from __future__ import annotations
 

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import redis
 
-from app.delivery.push_spans import PushSpans
-from app.delivery.waiting import BEHIND_KEY, LEAVING_EXPIRY_MS, LEAVING_KEY, Waiting
+from app.admission.push_spans import PushSpans
+from app.admission.waiting import BEHIND_KEY, LEAVING_EXPIRY_MS, LEAVING_KEY, Waiting
 from app.errors import BrokerUnavailable
 from app.observe.tracing import NO_TRACING, Tracing
 from app.redis_client import as_text
@@ -35,7 +35,7 @@ TASK_NAME = "pipeline.process"
 EPOCH_KEY = "pipeline:epoch"
 
 # KEYS[1]: the queue, KEYS[2]: the epoch key, KEYS[3]: the queue's behind key, KEYS[4]: its
-# leaving set (`app.delivery.waiting`). ARGV[1]: the bound, ARGV[2]: an epoch to use if none
+# leaving set (`app.admission.waiting`). ARGV[1]: the bound, ARGV[2]: an epoch to use if none
 # exists, ARGV[3]: "1" to push nothing while the behind key exists, ARGV[4]: a token to
 # record in the leaving set if records are left out ("" for none), ARGV[5]: its expiry in ms,
 # ARGV[6..]: messages, pushed in order while room remains.
@@ -299,7 +299,7 @@ class Pusher:
         each message names beside its line (see `build_message`). `traceparents`: the
         records' traceparents, in that order (None for an untraced one): with tracing on,
         each traced record gets a push span, child of its traceparent, which its message
-        carries (see `app.delivery.push_spans`).
+        carries (see `app.admission.push_spans`).
 
         Raises `BrokerUnavailable` when Redis cannot be reached."""
         if not record_ids:
