@@ -189,9 +189,10 @@ class BenchStack:
         try:
             with engine.connect() as conn:
                 backend = int(conn.execute(text("SELECT pg_backend_pid()")).scalar_one())
+                # Read while the backend lives: it exits with its connection.
+                return parent_of(backend)
         finally:
             engine.dispose()
-        return parent_of(backend)
 
     def env(self, **extra: str) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("PIPELINE_")}

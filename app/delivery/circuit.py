@@ -14,7 +14,14 @@ closes the circuit, and a probe that got one leaves the next probe free to go at
 After a close the line's deliveries come back gradually (a ramp), not all that came due
 during the outage at once into a downstream that has just recovered: `circuit_min_attempts`
 in the first second, twice as many in each next one, for `RAMP_S`; a delivery past the
-second's share waits for the next second without spending an attempt."""
+second's share waits for the next second without spending an attempt.
+
+A downstream's `Retry-After` (on a 429 or 503) holds every delivery of the line, open or
+closed, until it has passed: the outcomes' count keeps the latest end of one in the
+circuit's hash, and the admission lets nothing go before it.
+
+The worker asks for a chunk of deliveries at once (`admit`, `want`) and counts the
+outcomes that ended together at once (`count_all`): one round trip each."""
 
 from __future__ import annotations
 
@@ -44,6 +51,15 @@ class Admission(StrEnum):
     GO = "go"  # closed: deliver
     PROBE = "probe"  # open, and this delivery is its one probe
     WAIT = "wait"  # open: wait, without spending an attempt
+
+
+class Waiting(StrEnum):
+    """What deliveries the circuit does not let go wait for."""
+
+    NOTHING = ""
+    OPEN = "open"  # the circuit is open: its next probe
+    RAMP = "ramp"  # it closed moments ago: the ramp's next second
+    HOLD = "hold"  # the downstream asked to wait (Retry-After)
 
 
 class State(StrEnum):
@@ -147,34 +163,37 @@ return {change, state, failed, counted}
 
 # KEYS: circuit. ARGV: 1 owner, 2 probe lifetime ms, 3 the ramp's first second's share,
 # 4 ramp ms, 5 deliveries wanted. Returns {admission, deliveries granted, ms until the
-# next probe (or the ramp's next second, or the end of a downstream's Retry-After)}.
+# next probe (or the ramp's next second, or the end of a downstream's Retry-After), what
+# the others wait for (open, ramp, hold, or "")}.
 _ADMIT = """
 local now = redis.call('TIME')
 local now_ms = now[1] * 1000 + math.floor(now[2] / 1000)
 local want = tonumber(ARGV[5])
 local hold = tonumber(redis.call('HGET', KEYS[1], 'hold_until_ms') or 0)
-if hold > now_ms then return {'wait', 0, hold - now_ms} end
+if hold > now_ms then return {'wait', 0, hold - now_ms, 'hold'} end
 if redis.call('HGET', KEYS[1], 'state') ~= 'open' then
   local closed = tonumber(redis.call('HGET', KEYS[1], 'closed_ms') or 0)
   local since = now_ms - closed
-  if closed == 0 or since >= tonumber(ARGV[4]) then return {'go', want, 0} end
+  if closed == 0 or since >= tonumber(ARGV[4]) then return {'go', want, 0, ''} end
   local sec = math.floor(since / 1000)
   local share = tonumber(ARGV[3]) * 2 ^ sec
   local taken = tonumber(redis.call('HGET', KEYS[1], 'ramp:' .. sec) or 0)
   local granted = math.max(0, math.min(want, share - taken))
-  if granted == 0 then return {'wait', 0, 1000 - since % 1000} end
+  if granted == 0 then return {'wait', 0, 1000 - since % 1000, 'ramp'} end
   redis.call('HINCRBY', KEYS[1], 'ramp:' .. sec, granted)
-  if granted < want then return {'go', granted, 1000 - since % 1000} end
-  return {'go', granted, 0}
+  if granted < want then return {'go', granted, 1000 - since % 1000, 'ramp'} end
+  return {'go', granted, 0, ''}
 end
 local probe_until = tonumber(redis.call('HGET', KEYS[1], 'probe_until_ms') or 0)
 local next_probe = tonumber(redis.call('HGET', KEYS[1], 'next_probe_ms') or 0)
-if probe_until > now_ms then return {'wait', 0, math.max(probe_until, next_probe) - now_ms} end
+if probe_until > now_ms then
+  return {'wait', 0, math.max(probe_until, next_probe) - now_ms, 'open'}
+end
 if now_ms >= next_probe then
   redis.call('HSET', KEYS[1], 'probe', ARGV[1], 'probe_until_ms', now_ms + tonumber(ARGV[2]))
-  return {'probe', 1, 0}
+  return {'probe', 1, 0, ''}
 end
-return {'wait', 0, next_probe - now_ms}
+return {'wait', 0, next_probe - now_ms, 'open'}
 """
 
 # KEYS: circuit. ARGV: 1 owner.
@@ -194,6 +213,7 @@ class Verdict:
     admission: Admission
     granted: int = 0
     wait_s: float = 0.0
+    waiting: Waiting = Waiting.NOTHING
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -266,7 +286,7 @@ class Circuits:
         wait; while a downstream's `Retry-After` runs, every delivery waits. Raises
         `BrokerUnavailable`."""
         try:
-            admission, granted, wait_ms = self._admit(
+            admission, granted, wait_ms, waiting = self._admit(
                 keys=[CIRCUIT_KEY.format(line=line)],
                 args=[
                     owner,
@@ -279,7 +299,10 @@ class Circuits:
         except redis.RedisError as exc:
             raise BrokerUnavailable(f"the circuit of {line}: {exc}") from exc
         return Verdict(
-            admission=Admission(_text(admission)), granted=int(granted), wait_s=int(wait_ms) / 1000
+            admission=Admission(_text(admission)),
+            granted=int(granted),
+            wait_s=int(wait_ms) / 1000,
+            waiting=Waiting(_text(waiting)),
         )
 
     def count(

@@ -43,7 +43,7 @@ from sqlalchemy import Connection
 from app.admission.pause import PausedLines, hold_back
 from app.clock import utcnow
 from app.delivery import sinks
-from app.delivery.circuit import Admission, Change, Circuits, Outcome, State, health_of
+from app.delivery.circuit import Admission, Change, Circuits, Outcome, State, Waiting, health_of
 from app.delivery.limits import DeliveryLimits
 from app.delivery.outcomes import (
     NOT_ATTEMPTED,
@@ -57,6 +57,7 @@ from app.delivery.outcomes import (
     describe_attempt,
     http_status_of,
     log_skipped,
+    ramping,
     record_outcome,
     report,
     retry_after_of,
@@ -324,9 +325,10 @@ class AttemptEngine:
             log.warning("circuit_unread", line=line.name, error=str(exc))
             return _Room(ids=candidates)
         if verdict.admission is Admission.WAIT:
-            why = circuit_open(line.name)
-            if await self._holding(line):
-                why = asked_to_wait(line.name)
+            why = {
+                Waiting.HOLD: asked_to_wait(line.name),
+                Waiting.RAMP: ramping(line.name),
+            }.get(verdict.waiting, circuit_open(line.name))
             return _Room(ids=[], wait_s=max(verdict.wait_s, 0.1), why=why)
         return _Room(
             ids=candidates[: max(1, verdict.granted)],
@@ -344,7 +346,8 @@ class AttemptEngine:
                     line.name,
                     line.settings,
                     want=len(room.ids),
-                    lifetime_s=line.settings.delivery_timeout_s + 1,
+                    # From now: the claim, then the request and its one deadline.
+                    lifetime_s=longest_delivery_s(line.settings, lease_s=self._lease_s),
                 )
             except BrokerUnavailable as exc:
                 log.warning("delivery_limits_unread", line=line.name, error=str(exc))
@@ -358,14 +361,6 @@ class AttemptEngine:
                 why = f"no room under {line.name}'s delivery limits within {waited:.0f} s"
                 return _Room(ids=[], wait_s=message.rng.uniform(1, 1 + POSTPONE_SPREAD), why=why)
             await asyncio.sleep(grant.wait_s)
-
-    async def _holding(self, line: Line) -> bool:
-        """Whether `line` waits for its downstream's `Retry-After` (not for its circuit)."""
-        try:
-            state = await asyncio.to_thread(self._circuits.state, line.name)
-        except BrokerUnavailable:
-            return False
-        return state.state is State.CLOSED
 
     # Step 2: deliver.
 
@@ -599,8 +594,7 @@ class AttemptEngine:
                 conn, flight, message.owner, message.line, now=now, rng=message.rng
             )
             results.append(result)
-            if row is not None:
-                rows.append(row)
+            rows.append(row)
         attempt_log.write(conn, rows)
         return results
 

@@ -2,9 +2,10 @@
 (deliveries per second, a token bucket) and `delivery_concurrency` (deliveries in flight,
 a lease per delivery), both in Redis, on Redis's clock.
 
-A delivery takes a token and a slot just before its request goes out and gives the slot
-back when its answer (or its timeout) comes. A slot whose worker died lapses after the
-longest a delivery may take, so a killed worker never holds the line's slots for good."""
+A worker takes tokens and slots for the records it is about to claim, in one round trip,
+and gives a slot back once its delivery's answer (or its timeout) is counted. A slot whose
+worker died lapses after the longest a delivery may take (the wait for room, the request's
+deadline and a second), so a killed worker never holds the line's slots for good."""
 
 from __future__ import annotations
 

@@ -1,8 +1,10 @@
-"""What an attempt came to, and the one place that records it: done, failed (its retry
-due, after the line's backoff), dead, or given back without spending an attempt (its
-line's circuit was open, or it never started); its row in the journal's attempts
-(`app.journal.attempt_log`), its span, and the result the worker's task reports (Flower
-shows it)."""
+"""What an attempt came to, and the one place that decides it: done, failed (its retry
+due, after the line's backoff), dead, or given back without spending an attempt (it failed
+while its line's circuit was open); its row in the journal's attempts
+(`app.journal.attempt_log`), its span, what a record that waits without spending an
+attempt waits for, and the result the worker's task reports (Flower shows it). (The
+table sink's delivered records are marked done by the statement that claims them, in the
+same transaction: they need no decision.)"""
 
 from __future__ import annotations
 
@@ -11,7 +13,6 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
 
-import httpx
 from sqlalchemy import Connection
 
 from app.delivery.circuit import counts_against
@@ -54,6 +55,10 @@ def circuit_open(line: str) -> str:
 
 def asked_to_wait(line: str) -> str:
     return f"{line}'s downstream asked to wait (Retry-After)"
+
+
+def ramping(line: str) -> str:
+    return f"the circuit of {line} closed moments ago: its deliveries come back on a ramp"
 
 
 def waiting_for(record: Record) -> WaitingFor | None:
@@ -101,22 +106,18 @@ def decide(attempts: int, *, policy: LineSettings, now: datetime, rng: random.Ra
 @dataclass(kw_only=True)
 class Flight:
     """A claimed record's attempt as it ended: its answer's status, its error (None:
-    delivered), or why it never started (`not_started`: it spends no attempt); the circuit
-    owner it probed as (empty: not a probe); whether the circuit was open when it ended
-    (its failure then spends no attempt); its span, open until its outcome is recorded."""
+    delivered), the circuit owner it probed as (empty: not a probe), and whether the
+    circuit was open when it ended (its failure then spends no attempt)."""
 
     record: Record
     started_at: datetime
     finished_at: datetime
     http_status: int | None = None
     error: Exception | None = None
-    not_started: str | None = None
-    retry_in_s: float = 0.0
     probe: str = ""
     # Whether its outcome says anything of the downstream (the circuit counts it).
     counts: bool = True
     circuit_open: bool = False
-    span: Span | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -144,7 +145,7 @@ def failure_outcome(exc: BaseException) -> Outcome:
     seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
-        if isinstance(current, TimeoutError | httpx.TimeoutException):
+        if isinstance(current, TimeoutError):
             return Outcome.TIMEOUT
         seen.add(id(current))
         current = current.__cause__ or current.__context__
@@ -188,17 +189,10 @@ def attempt_row(
 
 def record_outcome(
     conn: Connection, flight: Flight, owner: str, line: Line, *, now: datetime, rng: random.Random
-) -> tuple[AttemptResult, Attempt | None]:
+) -> tuple[AttemptResult, Attempt]:
     """Record one attempt's outcome, while its lease is held: its result, and its attempt's
-    row (None: it never started, so it was no attempt). The one place that decides done,
-    failed (and when it is due again) or dead."""
+    row. The one place that decides done, failed (and when it is due again) or dead."""
     record = flight.record
-    if flight.not_started is not None:
-        retry_at = now + timedelta(seconds=flight.retry_in_s)
-        attempts.give_back(
-            conn, record, owner=owner, error=flight.not_started, retry_at=retry_at, now=now
-        )
-        return AttemptResult(record_id=record.id), None
     error: str | None = None
     if flight.error is None:
         moved = attempts.mark_done(conn, record, owner=owner, now=now)

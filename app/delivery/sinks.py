@@ -3,10 +3,10 @@
 - Table sink: upserts by business number into the line's table (`sink = table:<name>`) in
   the journal's database, in the same transaction that claims the record and marks it
   done; `sink_rows` is keyed by (line, business number), and `order_status` keeps the
-  newest `occurred_at`. A record the table refuses fails alone (`write_claimed`).
+  newest `occurred_at`. A record the table refuses fails alone (`write_rows`).
 - HTTP sink: POSTs `{id, line, business_no, payload}` with `Idempotency-Key: <id>` and
   `X-Attempt: <attempt number>`, signed as Standard Webhooks do when the line has a
-  `signing_secret`, over an async client with a kept-alive pool (`http_client`); an answer
+  `signing_secret`, over an async client with a kept-alive pool (`http_session`); an answer
   among the line's `delivered_statuses` (2xx by default) is delivered, anything else (or
   no whole answer within the line's `delivery_timeout_s`) is a failed attempt.
 - Handler: the line's own function, on a thread, within the same `delivery_timeout_s`.
@@ -272,8 +272,8 @@ def retry_after(status: int, headers: Mapping[str, str], *, now_s: float) -> flo
 
 
 def _body(record: Record) -> bytes:
-    """The HTTP sink's body: compact JSON in UTF-8, as httpx writes `json=` (serialized
-    once, so the bytes signed are the bytes sent)."""
+    """The HTTP sink's body: compact JSON in UTF-8 (as httpx writes `json=`), serialized
+    once, so the bytes signed are the bytes sent."""
     value = {
         "id": record.id,
         "line": record.line,

@@ -12,7 +12,9 @@ from app.delivery.circuit import (
     Change,
     Circuits,
     Health,
+    Outcome,
     State,
+    Waiting,
     counts_against,
     health_of,
 )
@@ -160,3 +162,23 @@ def test_after_a_close_deliveries_come_back_on_a_ramp(harness):
     assert circuits.state("ramp").state is State.OPEN
     time.sleep(RAMP_S + 0.5)  # past the ramp's lifetime: a key that lapsed would close it
     assert circuits.state("ramp").state is State.OPEN
+
+
+def test_a_retry_after_holds_the_line_and_each_wait_says_what_it_waits_for(harness):
+    circuits = Circuits(harness.runtime().redis)
+    asked = Outcome(health=Health.DOWN, retry_after_s=2)
+    counted = circuits.count_all("held", SETTINGS, [Outcome(health=Health.UP), asked])
+    assert counted.state is State.CLOSED
+    # Closed, yet nothing goes until the downstream's wait has passed.
+    held = circuits.admit("held", SETTINGS, owner="x", probe_lifetime_s=30, want=5)
+    assert (held.admission, held.granted, held.waiting) == (Admission.WAIT, 0, Waiting.HOLD)
+    assert 1 < held.wait_s <= 2
+    time.sleep(held.wait_s + 0.05)
+    free = circuits.admit("held", SETTINGS, owner="x", probe_lifetime_s=30, want=5)
+    assert (free.admission, free.granted) == (Admission.GO, 5)
+    # Open: the others wait for its next probe.
+    for _ in range(10):
+        circuits.count("open", SETTINGS, health=Health.DOWN)
+    probe = circuits.admit("open", SETTINGS, owner="p", probe_lifetime_s=30, want=5)
+    assert probe.admission is Admission.WAIT
+    assert probe.waiting is Waiting.OPEN

@@ -6,7 +6,7 @@ from __future__ import annotations
 import ast
 from datetime import UTC, datetime, timedelta
 
-import httpx
+import aiohttp
 
 from app.admission.push import MAX_LABELS_REPR, labels_repr
 from app.delivery.outcomes import failure_outcome, http_status_of
@@ -18,21 +18,23 @@ AT = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
 
 def _raised_from(cause: BaseException) -> DeliveryFailed:
     """A delivery failure raised from `cause`, as the HTTP sink raises it."""
-    failed = DeliveryFailed("POST http://downstream/in: ReadTimeout")
+    failed = DeliveryFailed("POST http://downstream/in: no whole answer within 10 s")
     failed.__cause__ = cause
     return failed
 
 
 def test_a_downstream_or_handler_that_timed_out_is_a_timeout_and_anything_else_a_failure():
-    assert failure_outcome(_raised_from(httpx.ReadTimeout("slow"))) is Outcome.TIMEOUT
+    # The HTTP sink's one deadline ends a request with asyncio's TimeoutError.
+    assert failure_outcome(_raised_from(TimeoutError())) is Outcome.TIMEOUT
     assert failure_outcome(TimeoutError("handler gave up")) is Outcome.TIMEOUT
-    assert failure_outcome(_raised_from(httpx.ConnectError("refused"))) is Outcome.FAILED
+    refused = aiohttp.ClientConnectionError("refused")
+    assert failure_outcome(_raised_from(refused)) is Outcome.FAILED
     assert failure_outcome(RuntimeError("boom")) is Outcome.FAILED
 
 
 def test_the_http_status_is_the_downstreams_answer_where_there_was_one():
     assert http_status_of(DeliveryFailed("POST …: HTTP 503", http_status=503)) == 503
-    assert http_status_of(_raised_from(httpx.ReadTimeout("slow"))) is None
+    assert http_status_of(_raised_from(TimeoutError())) is None
     assert http_status_of(RuntimeError("boom")) is None
 
 
