@@ -95,7 +95,9 @@ def test_quick_bench_completes_and_prints_every_row(harness, tmp_path):
             cpu = run["downstream"][name]["cpu_ms_per_record"]
             assert set(cpu) == {"worker", "redis", "postgres"}, (name, cpu)
             assert cpu["worker"] > 0, (name, cpu)
-            assert cpu["redis"] > 0, (name, cpu)
+            # The kernel counts CPU in 10 ms ticks: our drain of 200 records asks Redis a
+            # round trip per chunk of records, a few ms in all, so it may read 0 there.
+            assert cpu["redis"] > 0 or name == "ours_drain", (name, cpu)
         # Plain Celery with our process count (one): fewer tasks, each once, one at a time.
         same = run["downstream"]["plain_same"]
         assert run["plain_same_processes"] == 1
