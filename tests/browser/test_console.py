@@ -9,9 +9,11 @@ import pytest
 from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import Select
+from sqlalchemy import update
 
 from app.clock import utcnow
-from app.journal.models import RecordStatus
+from app.delivery.outcomes import NOT_ATTEMPTED, circuit_open
+from app.journal.models import RecordStatus, records
 from app.observe.events import Event
 from app.observe.telemetry import Counter
 from app.schedules.cron import Misfire
@@ -349,6 +351,13 @@ def test_the_console_shows_trouble_at_desktop_and_phone_width(
         rt, [{"business_no": f"D-{n}"} for n in range(2)], line="order", status=RecordStatus.DEAD
     )
     journal_records(rt, [{"business_no": "F-1"}], line="order", status=RecordStatus.FAILED)
+    # Failed without spending an attempt: it waits for its downstream (the circuit is open).
+    (waiting,) = journal_records(
+        rt, [{"business_no": "W-1"}], line="order", status=RecordStatus.FAILED
+    )
+    with rt.engine.begin() as conn:
+        why = NOT_ATTEMPTED + circuit_open("order")
+        conn.execute(update(records).where(records.c.id == waiting).values(last_error=why))
     journal_records(
         rt, [{"business_no": f"K-{n}"} for n in range(5)], line="order", status=RecordStatus.DONE
     )
@@ -412,3 +421,11 @@ def test_the_console_shows_trouble_at_desktop_and_phone_width(
     wait(browser, lambda d: len(d.find_elements(By.CSS_SELECTOR, rows)) == 2, "the dead records")
     statuses = {r.text for r in browser.find_elements(By.CSS_SELECTOR, f"{rows} td.status")}
     assert statuses == {"DEAD"}
+    # The failed ones: a failed attempt stays FAILED, in red; a record waiting for its
+    # downstream without spending an attempt is shown waiting, not as a failure.
+    click(browser, failed)
+    wait(browser, lambda d: len(d.find_elements(By.CSS_SELECTOR, rows)) == 2, "the failed ones")
+    statuses = {r.text for r in browser.find_elements(By.CSS_SELECTOR, f"{rows} td.status")}
+    assert statuses == {"FAILED", "waiting for downstream"}
+    assert color_of(browser, f"{rows} td.status-failed", "color") == RED
+    assert color_of(browser, f"{rows} td.status-waiting", "color") != RED
