@@ -229,6 +229,7 @@ class AttemptEngine:
                 self._session = None
             loop.call_soon_threadsafe(loop.stop)
             thread.join(timeout=timeout_s)
+            self._slots = {}  # their events belong to the loop that stopped
         self._commits.close()
 
     def run(
