@@ -374,10 +374,12 @@ class AttemptEngine:
         collector = asyncio.create_task(self._collect(landed, message))
         started = 0
         waiting = list(ids)
+        # The first chunk's pause was asked before the message came here.
+        asked = True
         flying: set[asyncio.Task[None]] = set()
         try:
             while waiting:
-                if await self._is_paused(line):
+                if not asked and await self._is_paused(line):
                     # Paused while the message ran: what it has not claimed waits (`deferred`).
                     await self._hold_back_rest(waiting, message)
                     break
@@ -390,7 +392,7 @@ class AttemptEngine:
                 if not room.ids:
                     await self._postpone(waiting, message, room.why, after_s=room.wait_s)
                     break
-                waiting = waiting[len(room.ids) :]
+                waiting, asked = waiting[len(room.ids) :], False
                 try:
                     claimed: list[Record] = await self._commits.put(
                         functools.partial(self._claim_in, ids=room.ids, message=message)
@@ -662,6 +664,7 @@ class AttemptEngine:
         in_reach = [r for r in claimed if r.attempts <= line.settings.max_attempts]
         refused = sinks.write_rows(conn, in_reach, table=line.sink_table, now=now)
         delivered = [r for r in in_reach if r.id not in refused]
+        delivered_ids = {r.id for r in delivered}
         _mark_done_all(conn, delivered, owner=owner, now=now)
         attempt_log.write(conn, [_done_row(record, owner, now) for record in delivered])
         lost = RuntimeError("the worker was lost on every attempt")
@@ -674,7 +677,7 @@ class AttemptEngine:
                 counts=False,
             )
             for r in claimed
-            if r not in delivered
+            if r.id not in delivered_ids
         ]
         return [_done(r) for r in delivered] + self._write_outcomes(conn, failed, message)
 

@@ -3,6 +3,8 @@ not before it, whatever its backoff would have said."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from tests.support.downstream import post_records
@@ -35,18 +37,25 @@ class AsksToWait(_SmallServer):
         return {"Retry-After": str(WAIT_S)} if received.answered != 200 else {}
 
 
+def start_line(harness, downstream: _SmallServer) -> Any:
+    """The shipment line toward `downstream`, with short backoffs and sweeps: its intake's
+    client, its worker and beat started."""
+    harness.configure(
+        lines__shipment__downstream_url=f"{downstream.url}/in",
+        lines__shipment__backoff_initial_s="0.2",
+        lines__shipment__backoff_max_s="0.5",
+        sweep_interval_seconds="0.5",
+    )
+    client = harness.start_intake()
+    harness.start_worker("shipment", pool=None, concurrency=None)
+    harness.start_beat()
+    return client
+
+
 def test_a_record_asked_to_wait_is_not_tried_again_before_the_wait(harness):
     downstream = AsksToWait().start()
     try:
-        harness.configure(
-            lines__shipment__downstream_url=f"{downstream.url}/in",
-            lines__shipment__backoff_initial_s="0.2",
-            lines__shipment__backoff_max_s="0.5",
-            sweep_interval_seconds="0.5",
-        )
-        client = harness.start_intake()
-        harness.start_worker("shipment", pool=None, concurrency=None)
-        harness.start_beat()
+        client = start_line(harness, downstream)
         ids = post_records(client, "shipment", 4, "WAIT")
         final = harness.wait_until_final(ids, timeout_s=60)
         assert {r.status.value for r in final.values()} == {"done"}
@@ -82,15 +91,7 @@ def test_the_whole_line_waits_out_a_retry_after_and_its_records_show_it(harness)
     attempt waiting, and show meanwhile as waiting for their downstream."""
     downstream = AsksOnce().start()
     try:
-        harness.configure(
-            lines__shipment__downstream_url=f"{downstream.url}/in",
-            lines__shipment__backoff_initial_s="0.2",
-            lines__shipment__backoff_max_s="0.5",
-            sweep_interval_seconds="0.5",
-        )
-        client = harness.start_intake()
-        harness.start_worker("shipment", pool=None, concurrency=None)
-        harness.start_beat()
+        client = start_line(harness, downstream)
         (first,) = post_records(client, "shipment", 1, "FIRST")
         wait_for(
             lambda: client.get(f"/v1/records/{first}").json()["status"] == "failed",
