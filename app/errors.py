@@ -4,6 +4,7 @@
     ├── ConfigError              a setting is invalid; the process must not start
     ├── Unavailable              something it needs does not answer now: try again later
     │   ├── JournalUnavailable   the journal database cannot be reached or written
+    │   │   └── JournalInDoubt   a commit gave no outcome: what it wrote may be kept
     │   ├── BrokerUnavailable    Redis cannot be reached
     │   ├── Overloaded           the intake has too many requests in flight
     │   ├── ShuttingDown         the process is stopping
@@ -132,6 +133,13 @@ class JournalUnavailable(Unavailable):
     """The journal is unavailable; nothing was accepted."""
 
     code = "journal_unavailable"
+
+
+class JournalInDoubt(JournalUnavailable):
+    """The journal did not confirm the write in time, and it may still have been kept: send
+    the same request again, with the same nonce (it is stored once)."""
+
+    code = "journal_in_doubt"
 
 
 class BrokerUnavailable(Unavailable):

@@ -1,19 +1,27 @@
 """Accepting a unit of work: journal it first, then admit it onto its line's queue.
 
 The one path for intake requests and scheduled fires: the journal row is committed before
-anything is pushed, so a 2xx always means the record is durable."""
+anything is pushed, so a 2xx always means the record is durable. The intake runs the two
+steps on two threads (`accept_group`, then `PushStage`), so that its answer never waits on
+Redis: a committed record whose push has not finished within the answer's wait is answered
+`received`, and the sweeper pushes it if the push does not."""
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import queue
+import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 
 from app.admission.pause import PausedLines
 from app.admission.push import Pusher
-from app.errors import BrokerUnavailable, JournalUnavailable
+from app.errors import BrokerUnavailable, JournalInDoubt, JournalUnavailable, ShuttingDown
 from app.journal import store
-from app.journal.commits import CommitQueue
+from app.journal.commits import CommitGate, CommitQueue
 from app.journal.journal import Journal
 from app.journal.models import Record, RecordStatus
 from app.journal.store import NewRecord
@@ -97,38 +105,59 @@ class Acceptor:
         news: Sequence[NewRecord],
         *,
         clock: Callable[[], datetime],
-        on_admitted: Callable[[list[Acceptance]], None] | None = None,
         overflow: Overflow | None = None,
     ) -> list[Acceptance]:
-        """`accept` for several records at once: their journal rows are committed in one
-        transaction, then each line's records go onto its queue in one push (in order, while
-        room remains), and those pushed are marked `enqueued` in one more transaction.
+        """`accept` for several records at once: `journal_many`, then `admit_many`.
 
-        `on_admitted` gets the outcomes as soon as they are known, before that last
-        transaction: each record is then committed and on its queue (or its overflow
-        handled), and marking it `enqueued` is bookkeeping that loses nothing when it fails.
+        Raises `JournalUnavailable` (for all of them) if the rows could not be committed."""
+        stored = self.journal_many(news, clock=clock)
+        return self.admit_many(news, stored, clock=clock, overflow=overflow)
 
-        `overflow`, when given, is the policy for a full queue instead of each line's own.
+    def journal_many(
+        self,
+        news: Sequence[NewRecord],
+        *,
+        clock: Callable[[], datetime],
+        gate: CommitGate | None = None,
+    ) -> list[tuple[Record, bool]]:
+        """Commit the rows of `news` (`received`) in one transaction, but for the dedup keys
+        already known; each stored record, in order, and whether this call created it.
+        `gate` is passed just before the commit (`app.journal.commits`).
 
         Raises `JournalUnavailable` (for all of them) if the rows could not be committed."""
         with self.journal.transaction("journal write") as conn:
-            now = clock()
-            stored = store.insert_records(conn, news, now=now)
+            stored = store.insert_records(conn, news, now=clock())
+            if gate is not None:
+                gate()
+        return stored
+
+    def admit_many(
+        self,
+        news: Sequence[NewRecord],
+        stored: Sequence[tuple[Record, bool]],
+        *,
+        clock: Callable[[], datetime],
+        overflow: Overflow | None = None,
+        answering: Callable[[str], bool] | None = None,
+        on_admitted: Callable[[list[Acceptance]], None] | None = None,
+    ) -> list[Acceptance]:
+        """Push the committed records `stored` (of `news`, in order) onto their queues: each
+        line's in one push, in order while room remains; then mark those pushed `enqueued`
+        in one transaction. A known dedup key is answered as its record is, unless it is a
+        rejected record sent again, which is admitted again.
+
+        `overflow`, when given, is the policy for a full queue instead of each line's own.
+        `answering(record_id)` says whether the record's caller still waits for its overflow
+        decision (None: every caller does); one that stopped waiting was answered `received`,
+        so its record is deferred, whatever the policy. `on_admitted` gets the outcomes as
+        soon as they are known, before the marking: that is bookkeeping that loses nothing
+        when it fails (a record pushed but still `received` is only pushed again)."""
         results: list[Acceptance | None] = [None] * len(news)
         admit: dict[str, list[int]] = {}
         for i, (new, (record, created)) in enumerate(zip(news, stored, strict=True)):
-            if not created:
-                # Sent again as Retry-After asked: the same body, to the same line (a nonce
-                # sent to another line is refused by the caller, and moves nothing here).
-                retry = (
-                    record.status is RecordStatus.REJECTED
-                    and record.body_sha256 == new.body_sha256
-                    and record.line == new.line
-                )
-                if not (retry and self._move(record, TransitionEvent.RESENT, clock)):
-                    results[i] = Acceptance(record=record, status=record.status, created=False)
-                    continue
-                # A rejected request sent again (as Retry-After asked): admit it again.
+            if not created and not (is_resent(record, new) and self._resend(record, clock)):
+                results[i] = Acceptance(record=record, status=record.status, created=False)
+                continue
             admit.setdefault(record.line, []).append(i)
         enqueued: dict[str, list[str]] = {}
         # The line with the fewest records of the group is pushed first: a flood on one line
@@ -145,7 +174,12 @@ class Acceptor:
             )
             policy = overflow if overflow is not None else line.settings.overflow
             admitted_outcomes = self._admit(
-                line, admitted, enqueued=enqueued, clock=clock, policy=policy
+                line,
+                admitted,
+                enqueued=enqueued,
+                clock=clock,
+                policy=policy,
+                answering=answering or _always,
             )
             for i, outcome in zip(indexes, admitted_outcomes, strict=True):
                 results[i] = outcome
@@ -163,9 +197,11 @@ class Acceptor:
         enqueued: dict[str, list[str]],
         clock: Callable[[], datetime],
         policy: Overflow,
+        answering: Callable[[str], bool],
     ) -> list[Acceptance]:
-        """Push `admitted` onto `line`'s queue; the overflow follows `policy`. Adds the ids
-        pushed to `enqueued` under their epoch."""
+        """Push `admitted` onto `line`'s queue; the overflow follows `policy` (see
+        `admit_many` for `answering`). Adds the ids pushed to `enqueued` under their
+        epoch."""
         if self.paused is not None and self.paused.is_paused(line.name):
             return self._hold(admitted, clock)
         defers = policy is Overflow.DEFER
@@ -196,18 +232,33 @@ class Acceptor:
         catching_up = pushed.behind and pushed.depth < line.settings.max_queue_length
         if not catching_up:
             self._alert_overflow(line, len(overflow), depth=pushed.depth, policy=policy)
+        if decision.transition is not TransitionEvent.DEFERRED:
+            # A caller that stopped waiting was told `received`: its record is kept for the
+            # sweeper, not refused or left for a caller to run.
+            waited = [answering(r.id) for r in overflow]
+            gone = [r for r, waits in zip(overflow, waited, strict=True) if not waits]
+            overflow = [r for r, waits in zip(overflow, waited, strict=True) if waits]
+            if gone:
+                self._move_all(gone, TransitionEvent.DEFERRED, clock)
+                outcomes += [
+                    Acceptance(record=r, status=RecordStatus.RECEIVED, created=True) for r in gone
+                ]
+        by_id = {o.record.id: o for o in outcomes}
         if decision.transition is None:
-            return outcomes + [
-                Acceptance(record=r, status=decision.status, created=True, caller_runs=True)
-                for r in overflow
-            ]
+            for r in overflow:
+                by_id[r.id] = Acceptance(
+                    record=r, status=decision.status, created=True, caller_runs=True
+                )
+            return [by_id[r.id] for r in admitted]
         moved = self._move_all(overflow, decision.transition, clock)
         self.pusher.waiting.left_kept(line.queue, pushed.leaving)
         if catching_up and self.on_room_behind is not None:
             self.on_room_behind(line.name)
         # What was not recorded stays `received`: the sweeper will take it.
         status = decision.status if moved else RecordStatus.RECEIVED
-        return outcomes + [Acceptance(record=r, status=status, created=True) for r in overflow]
+        for r in overflow:
+            by_id[r.id] = Acceptance(record=r, status=status, created=True)
+        return [by_id[r.id] for r in admitted]
 
     def _hold(self, admitted: list[Record], clock: Callable[[], datetime]) -> list[Acceptance]:
         """New records of a paused line, whatever its policy: `deferred` in the journal
@@ -266,9 +317,10 @@ class Acceptor:
             return False
         return True
 
-    def _move(self, record: Record, event: TransitionEvent, clock: Callable[[], datetime]) -> bool:
-        """`event` for `record`; whether it was written. A failure here loses nothing: the
-        record stays as it was (`received` is pushed by the sweeper)."""
+    def _resend(self, record: Record, clock: Callable[[], datetime]) -> bool:
+        """A rejected record sent again: `rejected → received`; whether it was written. A
+        failure here loses nothing: the record stays as it was."""
+        event = TransitionEvent.RESENT
         try:
             with self.journal.transaction() as conn:
                 moved = store.move(conn, [record.id], event, now=clock())
@@ -294,15 +346,237 @@ def _as_admitted(outcomes: list[Acceptance]) -> list[Acceptance]:
     ]
 
 
-def accept_group(
-    acceptor: Acceptor, *, clock: Callable[[], datetime], timeout_s: float
-) -> CommitQueue[NewRecord, Acceptance]:
-    """The intake's queue: the records of concurrent requests accepted together
-    (`Acceptor.accept_many`: one transaction, one push per line, one more transaction to
-    mark them enqueued). Each request is answered once its record is committed and pushed,
-    before the marking (a record pushed but still `received` loses nothing)."""
+def is_resent(record: Record, new: NewRecord) -> bool:
+    """Whether `new`, whose dedup key found `record`, is a rejected request sent again as
+    Retry-After asked: the same body, to the same line (a nonce sent to another line is
+    refused by the caller, and moves nothing here)."""
+    return (
+        record.status is RecordStatus.REJECTED
+        and record.body_sha256 == new.body_sha256
+        and record.line == new.line
+    )
 
-    def write(news: list[NewRecord], answer: Callable[[Sequence[Acceptance]], None]) -> None:
-        acceptor.accept_many(news, clock=clock, on_admitted=answer)
+
+def _always(_record_id: str) -> bool:
+    return True
+
+
+class Admission:
+    """One request's committed record on its way onto its queue (`PushStage`), and the
+    request's wait for that: its answer comes from the push, or says `received` once the
+    wait is over (the caller then stopped waiting, and its record is never refused)."""
+
+    WAITING, DECIDED, LEFT = range(3)
+
+    def __init__(self, new: NewRecord, record: Record, *, created: bool) -> None:
+        self.new = new
+        self.record = record
+        self.created = created
+        self.committed_at_s = time.monotonic()
+        self.outcome: concurrent.futures.Future[Acceptance] = concurrent.futures.Future()
+        # The admission of the request that created this one's record in the same group
+        # (two requests with one nonce, committed together): its status is this one's.
+        self.follows: Admission | None = None
+        self._lock = threading.Lock()
+        self._state = self.WAITING
+
+    @property
+    def needs_push(self) -> bool:
+        """Created now, or a rejected record sent again: not only a known dedup key."""
+        return self.created or is_resent(self.record, self.new)
+
+    def decide(self) -> bool:
+        """The push's side: whether the caller still waits for its overflow decision (and
+        now gets it, however long its journal move takes)."""
+        with self._lock:
+            if self._state == self.WAITING:
+                self._state = self.DECIDED
+            return self._state == self.DECIDED
+
+    def _leave(self) -> bool:
+        with self._lock:
+            if self._state == self.WAITING:
+                self._state = self.LEFT
+            return self._state == self.LEFT
+
+    async def acceptance(self, *, wait_s: float, journal_wait_s: float) -> Acceptance:
+        """The record's admission, or `received` once `wait_s` has passed without it (an
+        overflow decision already made is waited for: its journal move, `journal_wait_s`).
+        Raises `JournalInDoubt` when that move gives no outcome in time."""
+        if not self.needs_push:
+            status = self.record.status
+            if self.follows is not None:
+                try:
+                    status = (await asyncio.wait_for(_settled(self.follows), wait_s)).status
+                except TimeoutError:
+                    status = RecordStatus.RECEIVED
+            return Acceptance(record=self.record, status=status, created=False)
+        future = asyncio.wrap_future(self.outcome)
+        try:
+            return await asyncio.wait_for(asyncio.shield(future), wait_s)
+        except TimeoutError:
+            pass
+        if self._leave():
+            return Acceptance(record=self.record, status=RecordStatus.RECEIVED, created=True)
+        try:
+            return await asyncio.wait_for(future, journal_wait_s)
+        except TimeoutError:
+            raise JournalInDoubt("the record's overflow move gave no outcome in time") from None
+
+
+# The most records one push of the intake takes.
+MAX_PUSH_GROUP = 256
+
+
+class PushStage:
+    """The intake's pushes, on a thread of their own: the committed records of the requests
+    waiting together, pushed by `Acceptor.admit_many` (one push per line). A record that
+    waited here longer than `stale_after_s` (Redis did not answer the pushes before it) is
+    left `received` for the sweeper, whose grace period is twice that."""
+
+    def __init__(
+        self, acceptor: Acceptor, *, clock: Callable[[], datetime], stale_after_s: float
+    ) -> None:
+        self._acceptor = acceptor
+        self._clock = clock
+        self._stale_after_s = stale_after_s
+        self._queue: queue.SimpleQueue[Admission | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        # The admissions submitted and not yet through (marked `enqueued` included), by
+        # dedup key: a request with a known nonce follows its record's admission.
+        self._by_key: dict[str, Admission] = {}
+
+    def in_flight(self, dedup_key: str) -> Admission | None:
+        """The admission of the record with `dedup_key`, while it is on its way."""
+        return self._by_key.get(dedup_key)
+
+    def submit(self, admissions: Sequence[Admission]) -> None:
+        """Push these records, with those waiting, as soon as the thread is free."""
+        if not admissions:
+            return
+        with self._lock:
+            if self._closed:
+                for admission in admissions:
+                    _answer(admission, ShuttingDown("the intake is stopping"))
+                return
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="intake-push", daemon=True)
+                self._thread.start()
+            for admission in admissions:
+                self._by_key[admission.new.dedup_key] = admission
+        for admission in admissions:
+            self._queue.put(admission)
+
+    def _take(self, first: Admission) -> list[Admission]:
+        taken = [first]
+        while len(taken) < MAX_PUSH_GROUP:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if item is None:
+                self._queue.put(None)  # stop after this group
+                break
+            taken.append(item)
+        return taken
+
+    def _run(self) -> None:
+        while True:
+            first = self._queue.get()
+            if first is None:
+                return
+            taken = self._take(first)
+            now_s = time.monotonic()
+            stale = [a for a in taken if now_s - a.committed_at_s > self._stale_after_s]
+            for admission in stale:
+                _answer(admission, _received(admission))
+            group = [a for a in taken if now_s - a.committed_at_s <= self._stale_after_s]
+            if group:
+                self._push(group)
+            with self._lock:
+                for admission in taken:
+                    if self._by_key.get(admission.new.dedup_key) is admission:
+                        del self._by_key[admission.new.dedup_key]
+
+    def _push(self, group: list[Admission]) -> None:
+        by_id = {a.record.id: a for a in group}
+
+        def answer(outcomes: list[Acceptance]) -> None:
+            for admission, outcome in zip(group, outcomes, strict=True):
+                _answer(admission, outcome)
+
+        try:
+            self._acceptor.admit_many(
+                [a.new for a in group],
+                [(a.record, a.created) for a in group],
+                clock=self._clock,
+                answering=lambda record_id: by_id[record_id].decide(),
+                on_admitted=answer,
+            )
+        except Exception:
+            log.exception("intake_push_failed", count=len(group))
+        for admission in group:
+            _answer(admission, _received(admission))  # a no-op where answered
+
+    def close(self, *, timeout_s: float = 10.0) -> None:
+        """Push what was submitted, then stop the thread."""
+        with self._lock:
+            self._closed = True
+            thread = self._thread
+        if thread is not None:
+            self._queue.put(None)
+            thread.join(timeout=timeout_s)
+
+
+async def _settled(admission: Admission) -> Acceptance:
+    """`admission`'s outcome, without giving up its wait when this one's ends."""
+    return await asyncio.shield(asyncio.wrap_future(admission.outcome))
+
+
+def _received(admission: Admission) -> Acceptance:
+    return Acceptance(record=admission.record, status=RecordStatus.RECEIVED, created=True)
+
+
+def _answer(admission: Admission, outcome: Acceptance | BaseException) -> None:
+    if admission.outcome.done():
+        return
+    try:
+        if isinstance(outcome, BaseException):
+            admission.outcome.set_exception(outcome)
+        else:
+            admission.outcome.set_result(outcome)
+    except concurrent.futures.InvalidStateError:  # answered meanwhile
+        return
+
+
+def accept_group(
+    acceptor: Acceptor, pushes: PushStage, *, clock: Callable[[], datetime], timeout_s: float
+) -> CommitQueue[NewRecord, Admission]:
+    """The intake's journal writes: the records of concurrent requests committed together
+    (`Acceptor.journal_many`, one transaction). Each request is answered once its record is
+    committed, with its `Admission`; the records then go to `pushes`."""
+
+    def write(
+        news: list[NewRecord], answer: Callable[[Sequence[Admission]], None], gate: CommitGate
+    ) -> None:
+        # Read before the rows: an admission no longer on its way has marked its record.
+        on_its_way = [pushes.in_flight(new.dedup_key) for new in news]
+        stored = acceptor.journal_many(news, clock=clock, gate=gate)
+        admissions = [
+            Admission(new, record, created=created)
+            for new, (record, created) in zip(news, stored, strict=True)
+        ]
+        created_now = {a.record.id: a for a in admissions if a.created}
+        for admission, earlier in zip(admissions, on_its_way, strict=True):
+            if admission.created:
+                continue
+            if earlier is not None and earlier.record.id == admission.record.id:
+                admission.follows = earlier
+            else:
+                admission.follows = created_now.get(admission.record.id)
+        answer(admissions)
+        pushes.submit([a for a in admissions if a.needs_push])
 
     return CommitQueue(write, name="group-accept", timeout_s=timeout_s)

@@ -13,7 +13,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstra
 from sqlalchemy import text
 from starlette.concurrency import run_in_threadpool
 
-from app.admission.accept import Acceptance
+from app.admission.accept import Admission
 from app.clock import as_utc, utcnow
 from app.dedup_keys import DEV
 from app.errors import (
@@ -305,14 +305,18 @@ async def post_record(line: str, request: Request, rt: RuntimeDep) -> JSONRespon
         payload=payload,
         traceparent=rt.tracing.current_traceparent(),
     )
-    group: CommitQueue[NewRecord, Acceptance] = request.app.state.group_accept
-    result = await group.put(new)
-    record = result.record
-    if not result.created and record.line != new.line:
+    group: CommitQueue[NewRecord, Admission] = request.app.state.group_accept
+    admission = await group.put(new)  # committed: from here on the answer is 2xx
+    record = admission.record
+    if not admission.created and record.line != new.line:
         # Not the other line's record: that would tell this caller what it holds.
         raise NonceReused("this nonce was already used for another line")
-    if not result.created and record.body_sha256 != new.body_sha256:
+    if not admission.created and record.body_sha256 != new.body_sha256:
         raise NonceReused("this nonce was already used with a different body")
+    result = await admission.acceptance(
+        wait_s=rt.settings.intake_push_wait_seconds,
+        journal_wait_s=rt.settings.journal_timeout_seconds,
+    )
     ran = await run_in_request(request, rt, spec, record.id) if result.caller_runs else None
     status = ran or result.status
     outcome = _OUTCOME_BY_STATUS.get(status, IntakeOutcome.ACCEPTED)

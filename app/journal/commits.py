@@ -4,11 +4,14 @@ do a worker's claims and outcomes (`in_one_transaction`).
 
 Callers put an item and await its answer; a writer thread takes everything waiting (up to
 `max_group`) and writes it at once. A caller that arrives while a group is being written
-joins the next group: nothing waits on a timer. A caller waits at most `timeout_s`: past
-it, it fails with `JournalUnavailable`, whatever the journal does later; and when every
-writer has been stuck on one group that long, another writer starts (up to
-`MAX_WRITERS`), so the groups behind a hung connection (one a network blackholed hangs
-until TCP gives it up) are not held by it."""
+joins the next group: nothing waits on a timer. A caller waits `timeout_s` for its answer.
+Past it, a caller whose group has not begun to commit gives the group up: the group is
+rolled back instead of committed, whenever its write comes back, so the caller's
+`JournalUnavailable` is true (nothing was kept). A caller whose group is committing waits
+for the commit's outcome, `timeout_s` more; past that (a commit that neither succeeds nor
+fails: a connection a network blackholed) it fails with `JournalInDoubt`: what it wrote
+may be kept. When every writer has been stuck on one group that long, another writer
+starts (up to `MAX_WRITERS`), so the groups behind a hung connection are not held by it."""
 
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ from typing import Any, Generic, TypeVar
 
 from sqlalchemy import Connection
 
-from app.errors import JournalUnavailable, ShuttingDown
+from app.errors import JournalInDoubt, JournalUnavailable, ShuttingDown
 from app.journal.journal import Journal
 from app.logs import get_logger
 
@@ -38,11 +41,53 @@ MAX_WRITERS = 3
 
 Settled = Any  # an item's answer, or the exception that failed it
 Reply = Callable[[Settled], None]
-# A group's writer: writes the items, then calls `answer` with one answer per item (it may
-# answer before it returns: the intake answers once its records are committed and pushed).
-Write = Callable[[list[T], Callable[[Sequence[R]], None]], None]
+# Called by a group's write as the last step of its transaction, just before it commits:
+# raises `GroupGivenUp` (and the transaction rolls back) when a caller gave the group up.
+CommitGate = Callable[[], None]
+# A group's writer: writes the items, its transaction passing the gate before it commits,
+# then calls `answer` with one answer per item.
+Write = Callable[[list[T], Callable[[Sequence[R]], None], CommitGate], None]
 # A write of the worker's: run on the group's connection, inside its transaction.
 Job = Callable[[Connection], Any]
+
+
+class GroupGivenUp(Exception):
+    """A caller gave its group up before the commit: roll the group back."""
+
+
+class _Group:
+    """One group's commit gate: its callers may give it up only until it begins to commit."""
+
+    WRITING, COMMITTING, GIVEN_UP = range(3)
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.state = self.WRITING
+
+    def pass_gate(self) -> None:
+        with self._lock:
+            if self.state == self.GIVEN_UP:
+                raise GroupGivenUp
+            self.state = self.COMMITTING
+
+    def give_up(self) -> bool:
+        """Whether the group will never commit (given up now, or before)."""
+        with self._lock:
+            if self.state == self.WRITING:
+                self.state = self.GIVEN_UP
+            return self.state == self.GIVEN_UP
+
+
+class _Pending:
+    """An item put, until its group is written: its group, or given up before it had one."""
+
+    __slots__ = ("given_up", "group", "item", "reply")
+
+    def __init__(self, item: Any, reply: Reply) -> None:
+        self.item = item
+        self.reply = reply
+        self.group: _Group | None = None
+        self.given_up = False
 
 
 class CommitQueue(Generic[T, R]):
@@ -55,38 +100,60 @@ class CommitQueue(Generic[T, R]):
         self._name = name
         self._timeout_s = timeout_s
         self._max_group = max_group
-        self._queue: queue.SimpleQueue[tuple[T, Reply] | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[_Pending | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
+        # Guards each pending item's group and given-up mark.
+        self._pending_lock = threading.Lock()
         self._writers: list[threading.Thread] = []
         self._busy_since: dict[int, float] = {}  # writer thread id -> start of its group
         self._closed = False
 
     async def put(self, item: T) -> R:
         """Write `item` with the others waiting now; its answer once written. Raises what
-        its group's write raised, and `JournalUnavailable` when the group is not written
-        within `timeout_s` (`ShuttingDown` once the queue is closed)."""
+        its group's write raised; `JournalUnavailable` when the group was given up (see the
+        module: nothing of it is kept); `JournalInDoubt` when its commit gave no outcome in
+        time; `ShuttingDown` once the queue is closed."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[R] = loop.create_future()
 
         def reply(outcome: Settled) -> None:
             loop.call_soon_threadsafe(_settle, future, outcome)
 
-        self._submit(item, reply)
+        pending = _Pending(item, reply)
+        self._submit(pending)
         try:
-            return await asyncio.wait_for(future, self._timeout_s)
+            return await asyncio.wait_for(asyncio.shield(future), self._timeout_s)
         except TimeoutError:
+            pass
+        if self._give_up(pending):
             self._unstick()
             raise JournalUnavailable(
                 f"{self._name}: the journal did not answer within {self._timeout_s:g} s"
+            )
+        try:  # its group is committing: the commit's outcome is the answer
+            return await asyncio.wait_for(future, self._timeout_s)
+        except TimeoutError:
+            self._unstick()
+            raise JournalInDoubt(
+                f"{self._name}: the commit gave no outcome within {2 * self._timeout_s:g} s"
             ) from None
 
-    def _submit(self, item: T, reply: Reply) -> None:
+    def _submit(self, pending: _Pending) -> None:
         with self._lock:
             if self._closed:
                 raise ShuttingDown(f"{self._name}: stopping")
             if not self._writers:
                 self._start_writer()
-        self._queue.put((item, reply))
+        self._queue.put(pending)
+
+    def _give_up(self, pending: _Pending) -> bool:
+        """Give `pending` up; whether nothing of it will be committed."""
+        with self._pending_lock:
+            if pending.group is None:
+                pending.given_up = True
+                return True
+            group = pending.group
+        return group.give_up()
 
     def _start_writer(self) -> None:
         thread = threading.Thread(target=self._run, name=self._name, daemon=True)
@@ -108,9 +175,11 @@ class CommitQueue(Generic[T, R]):
             log.warning("journal_writer_stuck", writers=len(self._writers), what=self._name)
             self._start_writer()
 
-    def _take_group(self, first: tuple[T, Reply]) -> list[tuple[T, Reply]]:
-        group = [first]
-        while len(group) < self._max_group:
+    def _take_group(self, first: _Pending) -> tuple[list[_Pending], _Group]:
+        """`first` and the items waiting behind it, bound to one new group; the items their
+        callers gave up are left out."""
+        taken = [first]
+        while len(taken) < self._max_group:
             try:
                 item = self._queue.get_nowait()
             except queue.Empty:
@@ -118,8 +187,13 @@ class CommitQueue(Generic[T, R]):
             if item is None:
                 self._queue.put(None)  # stop after this group
                 break
-            group.append(item)
-        return group
+            taken.append(item)
+        gate = _Group()
+        with self._pending_lock:
+            group = [pending for pending in taken if not pending.given_up]
+            for pending in group:
+                pending.group = gate
+        return group, gate
 
     def _run(self) -> None:
         me = threading.get_ident()
@@ -128,10 +202,12 @@ class CommitQueue(Generic[T, R]):
             if item is None:
                 self._queue.put(None)  # for the other writers
                 return
-            group = self._take_group(item)
+            group, gate = self._take_group(item)
+            if not group:
+                continue
             replied = False
 
-            def answer(outcomes: Sequence[R], group: list[tuple[T, Reply]] = group) -> None:
+            def answer(outcomes: Sequence[R], group: list[_Pending] = group) -> None:
                 nonlocal replied
                 _reply_all(group, outcomes)
                 replied = True
@@ -139,9 +215,15 @@ class CommitQueue(Generic[T, R]):
             self._busy_since[me] = time.monotonic()
             failure: BaseException | None = None
             try:
-                self._write([item for item, _ in group], answer)
+                self._write([pending.item for pending in group], answer, gate.pass_gate)
+            except GroupGivenUp:
+                failure = JournalUnavailable(f"{self._name}: given up by a caller, rolled back")
             except BaseException as exc:  # noqa: BLE001 - every waiting caller gets the error
                 failure = exc
+                if gate.state == _Group.COMMITTING and not replied:
+                    # Failed in its commit: whether the database kept it is not known.
+                    log.warning("journal_commit_in_doubt", what=self._name, error=repr(exc))
+                    failure = JournalInDoubt(f"{self._name}: the commit failed: {exc!r}")
             finally:
                 self._busy_since.pop(me, None)
             if not replied:
@@ -165,18 +247,19 @@ def in_one_transaction(journal: Journal, *, timeout_s: float) -> CommitQueue[Job
     with the others waiting; its answer what it returned. A job that raises fails its whole
     group, and nothing of the group is kept (a job catches what it can handle itself)."""
 
-    def write(jobs: list[Job], answer: Callable[[Sequence[Any]], None]) -> None:
+    def write(jobs: list[Job], answer: Callable[[Sequence[Any]], None], gate: CommitGate) -> None:
         with journal.transaction(f"{len(jobs)} delivery writes") as conn:
             results = [job(conn) for job in jobs]
+            gate()
         answer(results)
 
     return CommitQueue(write, name="journal-writes", timeout_s=timeout_s)
 
 
-def _reply_all(group: Sequence[tuple[Any, Reply]], outcomes: Sequence[Settled]) -> None:
-    for (_item, reply), outcome in zip(group, outcomes, strict=True):
+def _reply_all(group: Sequence[_Pending], outcomes: Sequence[Settled]) -> None:
+    for pending, outcome in zip(group, outcomes, strict=True):
         try:
-            reply(outcome)
+            pending.reply(outcome)
         except RuntimeError:  # the event loop is gone: its process is stopping
             log.warning("commit_reply_lost")
 

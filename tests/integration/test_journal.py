@@ -284,8 +284,8 @@ def test_an_id_picked_update_still_uses_the_primary_key_once_the_journal_has_gro
 
 
 def test_a_group_is_answered_once_committed_and_pushed_then_marked_enqueued(harness):
-    """The intake answers a group as soon as its rows are committed and on the queue;
-    marking them `enqueued` comes after, and a record still `received` then loses
+    """A group's push answers as soon as its rows are on the queue; marking them
+    `enqueued` comes after, and a record still `received` then loses
     nothing (a worker claims it from either status)."""
     rt = harness.runtime()
     now = utcnow()
@@ -297,7 +297,8 @@ def test_a_group_is_answered_once_committed_and_pushed_then_marked_enqueued(harn
         seen["journal"] = {r.id: r.status for r in harness.records()}
         seen["queued"] = queued_ids(rt.redis, "order")
 
-    rt.acceptor.accept_many(news, clock=utcnow, on_admitted=answered)
+    stored = rt.acceptor.journal_many(news, clock=utcnow)
+    rt.acceptor.admit_many(news, stored, clock=utcnow, on_admitted=answered)
 
     assert seen["outcomes"] == [RecordStatus.ENQUEUED] * 3
     assert seen["journal"] == {new.id: RecordStatus.RECEIVED for new in news}
