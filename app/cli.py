@@ -260,17 +260,25 @@ def status() -> None:
     finally:
         rt.close()
     table = Table(
-        "line", "depth / bound", "policy", "live workers", "counts", "oldest unfinished", "paused"
+        "line",
+        "records / bound (messages)",
+        "policy",
+        "live workers",
+        "counts",
+        "oldest unfinished",
+        "paused",
     )
     for row in rows:
         depth = "redis down" if row.queue_depth is None else str(row.queue_depth)
+        if row.queue_messages is not None:
+            depth_text = f"{depth} / {row.max_queue_length} ({row.queue_messages})"
+        else:
+            depth_text = f"{depth} / {row.max_queue_length}"
         counts = ", ".join(f"{k}={v}" for k, v in sorted(row.counts.items())) or "-"
         age = "-" if row.oldest_unfinished_age_s is None else f"{row.oldest_unfinished_age_s:.0f}s"
         live = "?" if row.live_workers is None else str(row.live_workers)
         paused = "-" if row.pause is None else f"paused by {row.pause.actor}"
-        table.add_row(
-            row.line, f"{depth} / {row.max_queue_length}", row.overflow, live, counts, age, paused
-        )
+        table.add_row(row.line, depth_text, row.overflow, live, counts, age, paused)
     Console().print(table)
 
 

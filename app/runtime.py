@@ -129,7 +129,6 @@ class Runtime:
                 max_per_run=settings.sweep_max_per_run,
                 batch_limit=settings.sweep_batch_size,
                 received_grace_s=settings.received_grace_seconds,
-                stuck_after_s=settings.stuck_after_seconds,
                 paused=paused,
             ),
             lost=LostMessages(

@@ -152,13 +152,13 @@ class Settings(BaseSettings):
     # restarts its consumer. Checked at each heartbeat (a third of the TTL).
     worker_stall_after_seconds: float = Field(default=30, gt=0)
     visibility_timeout_seconds: int = Field(default=120, ge=1)
-    stuck_after_seconds: int = Field(default=600, ge=1)
     beat_lock_ttl_seconds: int = Field(default=10, ge=1)
     sweep_interval_seconds: float = Field(default=2.0, gt=0)
     # A received record younger than this may still be on its way onto the queue.
     received_grace_seconds: float = Field(default=5.0, ge=0)
     # A record enqueued this long with no attempt since is checked for its message, every
-    # `lost_check_interval_seconds`; one whose message Redis lost is pushed again.
+    # `lost_check_interval_seconds`; one whose message Redis lost is pushed again (one whose
+    # message waits, however long its queue, is not).
     lost_after_seconds: float = Field(default=10, gt=0)
     lost_check_interval_seconds: float = Field(default=10, gt=0)
     sweep_batch_size: int = Field(default=500, ge=1)
@@ -281,17 +281,6 @@ class Settings(BaseSettings):
                 "deleted sooner forgets the nonce of a request that can still be sent again"
             )
         return value
-
-    @model_validator(mode="after")
-    def _stuck_after_visibility(self) -> Settings:
-        # A message a killed worker held comes back after the visibility timeout; only a
-        # record older than that (with margin) can be presumed lost from its queue.
-        if self.stuck_after_seconds < 2 * self.visibility_timeout_seconds:
-            raise ValueError(
-                "PIPELINE_STUCK_AFTER_SECONDS must be at least twice "
-                "PIPELINE_VISIBILITY_TIMEOUT_SECONDS"
-            )
-        return self
 
     @model_validator(mode="after")
     def _deliveries_within_their_lease(self) -> Settings:

@@ -1,4 +1,4 @@
-"""Three changes to kombu's Redis transport in the pipeline's workers. Its Sentinel transport
+"""Four changes to kombu's Redis transport in the pipeline's workers. Its Sentinel transport
 (a `sentinel://` broker) subclasses it without overriding what is changed here, so it gets
 the same changes; its connections are redis-py's `SentinelManagedConnection`, which
 `app.redis_client` replaces when idle like the others (guarded by the unit tests).
@@ -9,7 +9,11 @@ the same changes; its connections are redis-py's `SentinelManagedConnection`, wh
    quarter of a worker's CPU per task. A client over a pool is safe to share, so each
    channel keeps one, rebuilt when the channel's pool is replaced.
 
-2. Keep a worker alive when Redis goes away under kombu: a failed restore or ack on a dead
+2. An ack takes the message's records out of its line's count (`app.admission.ledger`): the
+   bound counts records, and a message holds its records until it is acked. A reject
+   with a requeue keeps them counted: the message is back on its queue.
+
+3. Keep a worker alive when Redis goes away under kombu: a failed restore or ack on a dead
 or torn-down channel is logged and skipped instead of ending the consumer or the worker.
 
 When the broker connection is lost, kombu closes the channel and tries to put the messages
@@ -19,7 +23,7 @@ nothing, and keeps its heartbeat (seen in the chaos test that kills Redis). Skip
 restore loses nothing: the messages are still in Redis's unacked set (kombu returns them
 after the visibility timeout) or were lost with Redis, and the journal re-enqueues those.
 
-3. No health-check ping that waits on the event loop. The commands a worker sends between
+4. No health-check ping that waits on the event loop. The commands a worker sends between
    fetches (acks, kombu's binding refresh every second, Celery's heartbeat events) use
    connections that are replaced when idle past the interval (`app.redis_client`). The
    fetch and pub/sub connections are not checked before a command at all: a check there
@@ -29,13 +33,16 @@ after the visibility timeout) or were lost with Redis, and the journal re-enqueu
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import redis
 from kombu.transport import redis as kombu_redis
+from kombu.transport import virtual as kombu_virtual
 
+from app.admission.ledger import RELEASE, held_key, records_key
 from app.logs import get_logger
 from app.redis_client import replaced_when_idle
 
@@ -57,21 +64,44 @@ def _restore_unacked_or_skip(self: Any, client: Any = None) -> Any:
 kombu_redis.QoS.restore_unacked = _restore_unacked_or_skip  # type: ignore[method-assign]
 
 
-_ack = kombu_redis.QoS.ack
-
-
 def _ack_or_skip(self: Any, delivery_tag: Any) -> Any:
-    """An ack on a channel kombu already tore down raises `AttributeError`, which Celery
-    treats as unrecoverable and the worker exits. The message's record is journaled: if
-    the ack is lost, the message comes back and its second run does nothing."""
+    """kombu's ack (the message out of the unacked hash), and its records out of its
+    line's count (`app.admission.ledger`), in one round trip. An ack on a channel kombu
+    already tore down raises `AttributeError`, which Celery treats as unrecoverable and the
+    worker exits. The message's record is journaled: if the ack is lost, the message comes
+    back and its second run does nothing (and a lost release is found by the next scan)."""
+    message = self._delivered.get(delivery_tag)
+    queue = message.delivery_info.get("routing_key") if message is not None else None
     try:
-        return _ack(self, delivery_tag)
+        with self.pipe_or_acquire() as pipe:
+            self._remove_from_indices(delivery_tag, pipe)
+            if queue:
+                keys = (held_key(queue), records_key(queue))
+                pipe.evalsha(_RELEASE_SHA, 2, *keys, delivery_tag)
+            replies = pipe.execute(raise_on_error=False)
+        if queue and isinstance(replies[-1], redis.exceptions.NoScriptError):
+            with self.channel.conn_or_acquire() as client:
+                client.eval(RELEASE, 2, *keys, delivery_tag)
     except (redis.ConnectionError, redis.TimeoutError, OSError, AttributeError) as exc:
         log.warning("ack_skipped", error=str(exc))
         return None
+    return kombu_virtual.QoS.ack(self, delivery_tag)
 
 
+_reject = kombu_redis.QoS.reject
+
+
+def _reject_counted(self: Any, delivery_tag: Any, requeue: bool = False) -> Any:
+    """A reject without a requeue is an ack (kombu's own is the same); with one, the message
+    goes back on its queue and stays counted."""
+    if not requeue:
+        return _ack_or_skip(self, delivery_tag)
+    return _reject(self, delivery_tag, requeue=True)
+
+
+_RELEASE_SHA = hashlib.sha1(RELEASE.encode(), usedforsecurity=False).hexdigest()
 kombu_redis.QoS.ack = _ack_or_skip  # type: ignore[method-assign]
+kombu_redis.QoS.reject = _reject_counted  # type: ignore[method-assign]
 
 
 @contextmanager

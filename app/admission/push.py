@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import redis
 
+from app.admission.ledger import Ledger, held_key, records_key
 from app.admission.push_spans import PushSpans
 from app.admission.waiting import BEHIND_KEY, LEAVING_EXPIRY_MS, LEAVING_KEY, Waiting
 from app.errors import BrokerUnavailable
@@ -35,51 +36,47 @@ TASK_NAME = "pipeline.process"
 EPOCH_KEY = "pipeline:epoch"
 
 # KEYS[1]: the queue, KEYS[2]: the epoch key, KEYS[3]: the queue's behind key, KEYS[4]: its
-# leaving set (`app.admission.waiting`). ARGV[1]: the bound, ARGV[2]: an epoch to use if none
-# exists, ARGV[3]: "1" to push nothing while the behind key exists, ARGV[4]: a token to
-# record in the leaving set if records are left out ("" for none), ARGV[5]: its expiry in ms,
-# ARGV[6..]: messages, pushed in order while room remains.
-# Returns {pushed, depth after, epoch, 1 if nothing was pushed for the behind key}.
+# leaving set (`app.admission.waiting`), KEYS[5]: its held hash, KEYS[6]: its records
+# counter (`app.admission.ledger`). ARGV[1]: the bound in records, ARGV[2]: an epoch to use
+# if none exists, ARGV[3]: "1" to push nothing while the behind key exists, ARGV[4]: a token
+# to record in the leaving set if records are left out ("" for none), ARGV[5]: its expiry in
+# ms, ARGV[6..]: for each message in turn its delivery tag, its record count and itself,
+# pushed in order while its records fit under the bound.
+# Returns {messages pushed, records after, epoch, 1 if nothing was pushed for the behind key}.
 _PUSH_BOUNDED = """
 local epoch = redis.call('GET', KEYS[2])
 if not epoch then
     epoch = ARGV[2]
     redis.call('SET', KEYS[2], epoch)
 end
-local depth = redis.call('LLEN', KEYS[1])
+local depth = tonumber(redis.call('GET', KEYS[6]) or '0')
 local behind = 0
 local room = tonumber(ARGV[1]) - depth
 if ARGV[3] == '1' and redis.call('EXISTS', KEYS[3]) == 1 then
     behind = 1
     room = 0
 end
-local pushed = 0
-for i = 6, #ARGV do
-    if pushed >= room then break end
-    redis.call('LPUSH', KEYS[1], ARGV[i])
+local now = redis.call('TIME')
+local now_ms = now[1] * 1000 + math.floor(now[2] / 1000)
+local pushed, records = 0, 0
+for i = 6, #ARGV, 3 do
+    local n = tonumber(ARGV[i + 1])
+    if records + n > room then break end
+    redis.call('LPUSH', KEYS[1], ARGV[i + 2])
+    redis.call('HSET', KEYS[5], ARGV[i], n .. ',' .. now_ms)
     pushed = pushed + 1
+    records = records + n
 end
-if ARGV[4] ~= '' and pushed < #ARGV - 5 then
-    local now = redis.call('TIME')
-    local now_ms = now[1] * 1000 + math.floor(now[2] / 1000)
+if records > 0 then redis.call('INCRBY', KEYS[6], records) end
+if ARGV[4] ~= '' and pushed < (#ARGV - 5) / 3 then
     redis.call('ZADD', KEYS[4], now_ms + tonumber(ARGV[5]), ARGV[4])
     if behind == 0 then
         -- The bound left them out: newer records must wait behind them.
         redis.call('SET', KEYS[3], ARGV[4])
     end
 end
-return {pushed, depth + pushed, epoch, behind}
+return {pushed, depth + records, epoch, behind}
 """
-
-# KEYS[1]: the queue, KEYS[2]: kombu's hash of delivered, unacked messages. One reply, so
-# that a message moving from the one to the other between two reads is not missed.
-_WAITING_AND_HELD = """
-return {redis.call('LRANGE', KEYS[1], 0, -1), redis.call('HVALS', KEYS[2])}
-"""
-# kombu's Redis transport keeps a worker's delivered, unacked messages in this hash, as
-# `[message, exchange, routing key]` (kombu.transport.redis.Channel.unacked_key).
-UNACKED_KEY = "unacked"
-_BODY = re.compile(rb'"body": ?"([A-Za-z0-9+/=]*)"')
 
 _CURRENT_EPOCH = """
 redis.call('SET', KEYS[1], ARGV[1], 'NX')
@@ -165,6 +162,7 @@ def build_message(
     task: str = TASK_NAME,
     business_nos: str | Sequence[str] | None = None,
     traceparents: Mapping[str, str] | None = None,
+    tag: str | None = None,
 ) -> bytes:
     """The Celery task message for one record id, or for a batch of them, as kombu's Redis
     transport stores it (task protocol 2, JSON). The task's argument is the id, or the list
@@ -177,14 +175,15 @@ def build_message(
     them: `kwargs:business_no=B-1`.
 
     `traceparents`: the W3C traceparent of each traced record of the message, by record
-    id, carried in the `traceparents` header (left out when None or empty)."""
+    id, carried in the `traceparents` header (left out when None or empty). `tag`: its
+    delivery tag (`new_delivery_tag()` when None)."""
     arg = record_ids if isinstance(record_ids, str) else list(record_ids)
     values = {
         "BODY": '"' + base64.b64encode(f"[[{json.dumps(arg)}]{_BODY_TAIL}".encode()).decode() + '"',
         "ID": json.dumps(record_ids if isinstance(record_ids, str) else record_ids[0]),
         "ARGSREPR": json.dumps(repr([arg])),
         "KWARGSREPR": json.dumps(labels_repr(queue, business_nos)),
-        "TAG": f'"{_delivery_tag()}"',
+        "TAG": f'"{tag or new_delivery_tag()}"',
     }
     if traceparents:
         values["TRACES"] = json.dumps(dict(traceparents))
@@ -238,22 +237,12 @@ def _template_parts(
 _tags: tuple[int, str, Iterator[int]] | None = None
 
 
-def _delivery_tag() -> str:
+def new_delivery_tag() -> str:
+    """A delivery tag no other message in flight has."""
     global _tags  # noqa: PLW0603 - one tag sequence per process
     if _tags is None or _tags[0] != os.getpid():  # a forked child starts its own
         _tags = (os.getpid(), uuid.uuid4().hex, itertools.count())
     return f"{_tags[1]}-{next(_tags[2])}"
-
-
-def _body_ids(body: bytes) -> list[str]:
-    """The record ids a message's base64 body carries (its task argument: an id, or a list
-    of them); none for a body that is not one of ours."""
-    try:
-        args = json.loads(base64.b64decode(body))[0][0]
-    except (ValueError, TypeError, IndexError, KeyError):
-        return []
-    candidates = args if isinstance(args, list) else [args]
-    return [c for c in candidates if isinstance(c, str)]
 
 
 def batches(record_ids: Sequence[str], size: int) -> list[str | list[str]]:
@@ -272,8 +261,8 @@ class Pusher:
         self._tracing = tracing
         self._script = client.register_script(_PUSH_BOUNDED)
         self._epoch_script = client.register_script(_CURRENT_EPOCH)
-        self._present_script = client.register_script(_WAITING_AND_HELD)
         self.waiting = Waiting(client)
+        self.ledger = Ledger(client)
         self._origin = f"{os.getpid()}@{socket.gethostname()}"
 
     def push(  # noqa: PLR0913 - keyword-only: the records' sequences and the push's options
@@ -288,8 +277,9 @@ class Pusher:
         business_nos: Sequence[str] | None = None,
         traceparents: Sequence[str | None] | None = None,
     ) -> PushResult:
-        """Push the messages of `record_ids` onto `queue` while it holds fewer than
-        `max_length` messages, `batch_size` records to a message. `pushed` counts records.
+        """Push the messages of `record_ids` onto `queue`, `batch_size` records to a
+        message, in order while their records fit: the queue never holds more than
+        `max_length` records (`app.admission.ledger`). `pushed` counts records.
 
         `behind`: new records, which push nothing while older ones of the line wait in the
         journal. `keeps_left`: the caller keeps what is not pushed in the journal, to be
@@ -309,16 +299,18 @@ class Pusher:
         spans = PushSpans(
             self._tracing, queue=queue, record_ids=record_ids, traceparents=traceparents
         )
-        messages = [
-            build_message(
+        messages: list[str | int | bytes] = []
+        for n, arg in enumerate(args):
+            tag = new_delivery_tag()
+            message = build_message(
                 arg,
                 queue=queue,
                 origin=self._origin,
                 business_nos=labels[n] if labels is not None else None,
                 traceparents=spans.of(arg),
+                tag=tag,
             )
-            for n, arg in enumerate(args)
-        ]
+            messages += (tag, 1 if isinstance(arg, str) else len(arg), message)
         token = uuid.uuid4().hex if keeps_left else ""
         try:
             pushed, depth, epoch, waiting = self._script(
@@ -327,6 +319,8 @@ class Pusher:
                     EPOCH_KEY,
                     BEHIND_KEY.format(queue=queue),
                     LEAVING_KEY.format(queue=queue),
+                    held_key(queue),
+                    records_key(queue),
                 ],
                 args=[
                     max_length,
@@ -347,7 +341,7 @@ class Pusher:
             depth=int(depth),
             epoch=as_text(epoch),
             behind=bool(waiting),
-            leaving=token if token and int(pushed) < len(messages) else None,
+            leaving=token if token and int(pushed) < len(args) else None,
         )
 
     def epoch(self) -> str:
@@ -357,25 +351,11 @@ class Pusher:
         except redis.RedisError as exc:
             raise BrokerUnavailable(f"reading the epoch failed: {exc}") from exc
 
-    def present_ids(self, queue: str) -> set[str]:
-        """The record ids whose messages `queue` holds, waiting or delivered to a worker
-        and not yet acked, read in one step. Raises `BrokerUnavailable`."""
-        try:
-            waiting, held = self._present_script(keys=[queue, UNACKED_KEY])
-        except redis.RedisError as exc:
-            raise BrokerUnavailable(f"reading {queue!r} failed: {exc}") from exc
-        ids: set[str] = set()
-        for raw in waiting:
-            found = _BODY.search(raw)
-            if found is not None:
-                ids.update(_body_ids(found.group(1)))
-        for raw in held:
-            message, _exchange, routing_key = json.loads(raw)
-            if routing_key == queue and isinstance(message, dict):
-                ids.update(_body_ids(str(message.get("body", "")).encode()))
-        return ids
-
     def depth(self, queue: str) -> int:
+        """Records on `queue`, waiting or held by its workers. Raises `BrokerUnavailable`."""
+        return self.ledger.records(queue)
+
+    def messages(self, queue: str) -> int:
         """Messages waiting in `queue`. Raises `BrokerUnavailable`."""
         try:
             return int(self._client.llen(queue))

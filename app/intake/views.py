@@ -60,7 +60,10 @@ def line_status_view(row: LineStatus) -> dict[str, object]:
     """A line's status as `GET /v1/lines` shows it."""
     return {
         "line": row.line,
+        # Records on the queue (waiting, or held by a worker until it acks), what the bound
+        # counts; and the messages waiting that carry them.
         "queue_depth": row.queue_depth,
+        "queue_messages": row.queue_messages,
         "max_queue_length": row.max_queue_length,
         "overflow": row.overflow,
         "live_workers": row.live_workers,

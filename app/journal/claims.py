@@ -46,14 +46,14 @@ def claim_due(
     line: str,
     now: datetime,
     received_grace_s: float,
-    stuck_after_s: float,
     epoch: str,
     limit: int,
 ) -> list[Record]:
     """Claim, oldest first, the records of `line` that should be put on its queue, none of
     them in flight (a live lease): `received` ones unchanged for the grace period,
     `deferred` ones, `failed` ones whose retry is due, `enqueued` ones that can no longer
-    be on the queue (pushed in another epoch, or unchanged past the stuck threshold), and
+    be on the queue (pushed in another epoch: Redis lost everything since; a message lost
+    alone is found by looking, `app.recovery.lost_messages`), and
     runnable ones whose attempt's lease expired without an outcome (its worker died, or
     its outcome could not be written). They become `enqueued` with no epoch until pushed.
     Times are compared on the database's clock (`app.journal.dbclock`).
@@ -80,10 +80,7 @@ def claim_due(
             records.c.status == RecordStatus.ENQUEUED.value,
             # No epoch: a sweeper is pushing it now (or died doing so: the lost-message
             # check takes it).
-            or_(
-                records.c.queue_epoch != epoch,
-                records.c.updated_at < db_time_at(now, -stuck_after_s),
-            ),
+            records.c.queue_epoch != epoch,
         ),
         lease_expired,
     )
@@ -114,17 +111,23 @@ def _unrun_since(epoch: str, *, now: datetime, quiet_s: float) -> list[ColumnEle
 
 
 def waiting_suspects(
-    conn: Connection, *, line: str, epoch: str, now: datetime, quiet_s: float, limit: int
+    conn: Connection,
+    *,
+    line: str,
+    epoch: str,
+    now: datetime,
+    quiet_s: float,
+    limit: int,
+    after: str | None = None,
 ) -> list[str]:
-    """Ids, oldest first, of `line`'s records whose message should be on its queue and has
-    been for `quiet_s` (`_unrun_since`): those whose message a partial loss of Redis may
-    have taken. Empty when nothing has waited that long (no queue needs reading)."""
-    query = (
-        select(records.c.id)
-        .where(records.c.line == line, *_unrun_since(epoch, now=now, quiet_s=quiet_s))
-        .order_by(records.c.id)
-        .limit(limit)
-    )
+    """Ids, oldest first (after the id `after`, when given), of `line`'s records whose
+    message should be on its queue and has been for `quiet_s` (`_unrun_since`): those whose
+    message a partial loss of Redis may have taken. Empty when nothing has waited that long
+    (no queue needs reading)."""
+    terms = [records.c.line == line, *_unrun_since(epoch, now=now, quiet_s=quiet_s)]
+    if after is not None:
+        terms.append(records.c.id > after)
+    query = select(records.c.id).where(*terms).order_by(records.c.id).limit(limit)
     return list(conn.execute(query).scalars())
 
 

@@ -29,10 +29,15 @@ JOURNAL_VIEW_LIFETIME_S = 1.0
 
 
 class QueueDepths(Protocol):
-    """How many messages wait on a queue (the bounded push knows: `Pusher`)."""
+    """How many records a queue holds, and in how many messages (the bounded push knows:
+    `Pusher`)."""
 
     def depth(self, queue: str) -> int:
-        """Raises `BrokerUnavailable`."""
+        """Records waiting or held by a worker. Raises `BrokerUnavailable`."""
+        ...
+
+    def messages(self, queue: str) -> int:
+        """Messages waiting. Raises `BrokerUnavailable`."""
         ...
 
 
@@ -55,6 +60,8 @@ class LineStatus:
     """One line's row of `pipeline status` and `/v1/lines`."""
 
     line: str
+    # Records on the line's queue, waiting or held by a worker (what the bound counts),
+    # and the messages waiting that carry them.
     queue_depth: int | None
     max_queue_length: int
     overflow: str
@@ -69,6 +76,7 @@ class LineStatus:
     # The circuit of an HTTP-sink line (open: its downstream fails most deliveries); None
     # for another sink, or when Redis does not answer.
     circuit: CircuitState | None = None
+    queue_messages: int | None = None
 
     @property
     def paused(self) -> bool:
@@ -89,6 +97,7 @@ class QueueView:
 
     depth: int
     live_workers: int
+    messages: int = 0
     stalled_workers: int = 0
     circuit: CircuitState | None = None
 
@@ -145,6 +154,7 @@ class LineView:
                 circuit = self.circuits.state(line.name)
             views[line.name] = QueueView(
                 depth=self.queues.depth(line.queue),
+                messages=self.queues.messages(line.queue),
                 live_workers=len(beats) - stalled,
                 stalled_workers=stalled,
                 circuit=circuit,
@@ -169,6 +179,7 @@ class LineView:
                 LineStatus(
                     line=line.name,
                     queue_depth=queue.depth if queue else None,
+                    queue_messages=queue.messages if queue else None,
                     max_queue_length=line.settings.max_queue_length,
                     overflow=line.settings.overflow.value,
                     live_workers=queue.live_workers if queue else None,

@@ -68,7 +68,13 @@ def _counter_families(lines: LineRegistry, values: dict[str, int]) -> list[Metri
 
 def _queue_families(lines: LineRegistry, queues: dict[str, QueueView]) -> list[Metric]:
     depth = GaugeMetricFamily(
-        "pipeline_queue_depth", "Messages waiting on the line's Redis list.", labels=["line"]
+        "pipeline_queue_depth",
+        "Records on the line's Redis queue, waiting or held by a worker until it acks (what "
+        "the bound counts).",
+        labels=["line"],
+    )
+    messages = GaugeMetricFamily(
+        "pipeline_queue_messages", "Messages waiting on the line's Redis list.", labels=["line"]
     )
     live = GaugeMetricFamily(
         "pipeline_live_workers", "Workers whose heartbeat for the line is live.", labels=["line"]
@@ -82,10 +88,11 @@ def _queue_families(lines: LineRegistry, queues: dict[str, QueueView]) -> list[M
     for line in lines:
         view = queues[line.name]
         depth.add_metric([line.name], view.depth)
+        messages.add_metric([line.name], view.messages)
         live.add_metric([line.name], view.live_workers)
         if view.circuit is not None:
             circuit.add_metric([line.name], 1 if view.circuit.state is State.OPEN else 0)
-    return [depth, live, circuit]
+    return [depth, messages, live, circuit]
 
 
 def _journal_families(lines: LineRegistry, journal: JournalView, *, now: datetime) -> list[Metric]:

@@ -90,7 +90,7 @@ def check_line(row: LineStatus, *, backlog_after_s: float) -> list[Finding]:
             Finding(
                 event=Event.NO_CONSUMER,
                 message=f"{waiting} records wait on line {row.line!r} "
-                f"({row.queue_depth} messages on its queue) and no worker is alive",
+                f"({row.queue_depth} on its queue) and no worker is alive",
                 details={"waiting": waiting, "queue_depth": row.queue_depth},
             )
         )

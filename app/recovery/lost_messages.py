@@ -4,12 +4,15 @@ The epoch (`app.admission.push`) tells when Redis lost everything. A partial los
 epoch: a failover to a replica that lagged, the last second of an append-only file, a
 message acked by a hard time limit, a single message removed by hand, a sweeper killed
 between its claim and its push. Run by the active beat every
-`lost_check_interval_seconds`: per line, the records whose message should be waiting
+`lost_check_interval_seconds`: per line, every record whose message should be waiting
 (enqueued in this epoch or claimed for a push, no attempt since, unchanged for
-`lost_after_seconds`) are compared with what the line's queue and kombu's unacked
-messages hold, read in one step; those whose message is in neither are claimed, if no
-attempt took them meanwhile, and pushed again. Redis is read only when some record has
-waited that long. A paused line is passed over until its resume.
+`lost_after_seconds`), read from the journal in pages, is compared with what the line's
+queue and kombu's unacked messages hold, read in slices (`app.admission.ledger.Ledger.scan`);
+those whose message is in neither are claimed, if no attempt took them meanwhile, and pushed
+again. A record whose message is only waiting, however long the queue, is seen there and
+never pushed twice. The same scan recounts the line's records (`Ledger.forget_unseen`).
+Redis is read only when some record has waited that long or the line counts records on its
+queue. A paused line is passed over until its resume.
 
 A record whose message was being taken by a worker at the moment of the read (between
 kombu's fetch and its bookkeeping) may be pushed twice: its second message finds it in
@@ -34,8 +37,8 @@ from app.recovery.sweeper import push_claimed
 
 log = get_logger(__name__)
 
-# The most suspects one line's check looks at: the oldest first.
-MAX_SUSPECTS = 20_000
+# Suspects read from the journal at a time, oldest first: every one of them is checked.
+SUSPECTS_PAGE = 20_000
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -80,19 +83,22 @@ class LostMessages:
     def _recover_line(self, line: Line, *, epoch: str, now: datetime) -> int:
         if self.paused is not None and self.paused.is_paused(line.name):
             return 0
-        quiet_s = self.quiet_s
+        ledger = self.pusher.ledger
         with self.journal.reading() as conn:
             suspects = claims.waiting_suspects(
-                conn, line=line.name, epoch=epoch, now=now, quiet_s=quiet_s, limit=MAX_SUSPECTS
+                conn, line=line.name, epoch=epoch, now=now, quiet_s=self.quiet_s, limit=1
             )
-        if not suspects:
+        if not suspects and ledger.records(line.queue) == 0:
             return 0
-        present = self.pusher.present_ids(line.queue)
-        missing = [record_id for record_id in suspects if record_id not in present]
+        seen = ledger.scan(line.queue)
+        forgotten = ledger.forget_unseen(line.queue, seen)
+        if forgotten:
+            log.warning("queue_count_corrected", line=line.name, records=forgotten)
+        missing = self._missing(line, seen.ids, epoch=epoch, now=now)
         if not missing:
             return 0
         with self.journal.transaction() as conn:
-            claimed = claims.claim_lost(conn, missing, epoch=epoch, now=now, quiet_s=quiet_s)
+            claimed = claims.claim_lost(conn, missing, epoch=epoch, now=now, quiet_s=self.quiet_s)
         if not claimed:
             return 0
         pushed = push_claimed(self.journal, self.pusher, line, claimed, now=now)
@@ -104,3 +110,25 @@ class LostMessages:
             first_id=claimed[0].id,
         )
         return len(pushed)
+
+    def _missing(self, line: Line, present: set[str], *, epoch: str, now: datetime) -> list[str]:
+        """The line's suspects, every one, read in pages, whose message is not `present`.
+        The scan came first: a record enqueued after it is not a suspect yet (it has not
+        been quiet for `quiet_s`)."""
+        missing: list[str] = []
+        after: str | None = None
+        while True:
+            with self.journal.reading() as conn:
+                page = claims.waiting_suspects(
+                    conn,
+                    line=line.name,
+                    epoch=epoch,
+                    now=now,
+                    quiet_s=self.quiet_s,
+                    limit=SUSPECTS_PAGE,
+                    after=after,
+                )
+            missing += [record_id for record_id in page if record_id not in present]
+            if len(page) < SUSPECTS_PAGE:
+                return missing
+            after = page[-1]

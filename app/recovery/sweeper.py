@@ -4,9 +4,9 @@ Run by the active beat, in its own process, every few seconds. Per line, and onl
 as the line has room, it claims (`… → enqueued`) in one transaction the records that are
 due: `received` unchanged for the grace period, `deferred`, `failed` with their retry
 due, `enqueued` ones that can no longer be on the queue (Redis lost its memory: another
-epoch; or unchanged past the stuck threshold), and those whose attempt's lease expired
-without an outcome. None in flight (a live lease) is pushed. Thresholds are on the
-database's clock. Then one pipelined push per batch; what was not
+epoch; a message lost alone is `app.recovery.lost_messages`'s), and those whose
+attempt's lease expired without an outcome. None in flight (a live lease) is pushed.
+Thresholds are on the database's clock. Then one pipelined push per batch; what was not
 pushed is put back as it was. Two sweepers at once never lose or double-claim a record.
 A paused line (`app.admission.pause`) is passed over: what waits keeps its place."""
 
@@ -36,7 +36,6 @@ class SweepResult:
 
     enqueued: dict[str, int] = field(default_factory=dict)
     recovered: dict[str, int] = field(default_factory=dict)
-    stuck: dict[str, int] = field(default_factory=dict)
     broker_down: bool = False
 
 
@@ -52,9 +51,8 @@ class Sweeper:
     # The most records one pass pushes, and one claim takes.
     max_per_run: int
     batch_limit: int
-    # A `received` record unchanged this long is pushed; an `enqueued` one is pushed again.
+    # A `received` record unchanged this long is pushed.
     received_grace_s: float
-    stuck_after_s: float
     # A paused line's records are not pushed: they wait in the journal for its resume.
     paused: PausedLines | None = None
 
@@ -101,7 +99,6 @@ class Sweeper:
                 "sweep_finished",
                 enqueued=result.enqueued,
                 recovered=result.recovered,
-                stuck=result.stuck,
             )
 
     def _sweep_line(self, line: Line, *, epoch: str, now: datetime, result: SweepResult) -> None:
@@ -117,9 +114,8 @@ class Sweeper:
             mark = waiting.mark(line.queue)
             budget = self.max_per_run
             while budget > 0:
-                # Room is counted in messages; a message holds up to `batch_size` records.
                 room = line.settings.max_queue_length - self.pusher.depth(line.queue)
-                limit = min(room * line.batch_size, budget, self.batch_limit)
+                limit = min(room, budget, self.batch_limit)
                 if limit <= 0:
                     return
                 with self.journal.transaction() as conn:
@@ -128,7 +124,6 @@ class Sweeper:
                         line=line.name,
                         now=now,
                         received_grace_s=self.received_grace_s,
-                        stuck_after_s=self.stuck_after_s,
                         epoch=epoch,
                         limit=limit,
                     )
@@ -175,8 +170,10 @@ def _count(result: SweepResult, line: str, pushed: list[Record], *, epoch: str) 
     if not pushed:
         return
     result.enqueued[line] = result.enqueued.get(line, 0) + len(pushed)
-    for record in pushed:
-        if record.status is not RecordStatus.ENQUEUED:
-            continue
-        bucket = result.stuck if record.queue_epoch in (None, epoch) else result.recovered
-        bucket[line] = bucket.get(line, 0) + 1
+    recovered = sum(
+        1
+        for record in pushed
+        if record.status is RecordStatus.ENQUEUED and record.queue_epoch not in (None, epoch)
+    )
+    if recovered:
+        result.recovered[line] = result.recovered.get(line, 0) + recovered

@@ -64,7 +64,7 @@ def test_status_page_shows_lines_alerts_and_a_dry_run_replay(harness, browser, a
     assert fill(browser, "refund") > fill(browser, "order")
     assert fill(browser, "status") == pytest.approx(100.0)
     refund = browser.find_element(By.CSS_SELECTOR, '[data-line="refund"]').text
-    assert "30 / 40 queued" in refund
+    assert "30 / 40 records queued (30 messages)" in refund
     assert "enqueued 30" in refund
     status = browser.find_element(By.CSS_SELECTOR, '[data-line="status"]').text
     assert "deferred 2" in status

@@ -75,7 +75,6 @@ class ChaosStack:
             intake_port=str(self.intake_port),
             lines__refund__downstream_url=f"{self.recorder.url}/refunds",
             visibility_timeout_seconds="20",
-            stuck_after_seconds="40",
             sweep_interval_seconds="0.5",
             received_grace_seconds="2",
             **settings,

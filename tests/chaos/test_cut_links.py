@@ -124,7 +124,6 @@ def test_cut_links_lose_nothing_double_no_fire_and_run_nothing_twice_at_once(
     runs_log = use_runs_log(harness, tmp_path)  # the order line logs each run's span
     stack = hosts.start(
         visibility_timeout_seconds=str(VISIBILITY_S),
-        stuck_after_seconds=str(2 * VISIBILITY_S),
         beat_lock_ttl_seconds=str(TTL_S),
         # A delivery gives up before its lease (95 % of the visibility timeout) ends.
         lines__refund__delivery_timeout_s="2",

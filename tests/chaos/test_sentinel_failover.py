@@ -96,7 +96,7 @@ def _waiting_but_gone(rt: Runtime, harness: Harness) -> set[str]:
     before = enqueued()
     present: set[str] = set()
     for line in LINES:
-        present |= set(rt.pusher.present_ids(rt.lines.get(line).queue))
+        present |= rt.pusher.ledger.scan(rt.lines.get(line).queue).ids
     return (before & enqueued()) - present
 
 
@@ -104,7 +104,7 @@ def _all_back(rt: Runtime, harness: Harness, lost: set[str]) -> bool:
     """Every record of `lost` is back on its queue, held by a worker, or run."""
     present: set[str] = set()
     for line in LINES:
-        present |= set(rt.pusher.present_ids(rt.lines.get(line).queue))
+        present |= rt.pusher.ledger.scan(rt.lines.get(line).queue).ids
     now = {r.id: r for r in harness.records() if r.id in lost}
     return all(
         i in present or now[i].status is not RecordStatus.ENQUEUED or now[i].attempts > 0
@@ -125,7 +125,6 @@ def test_primary_killed_under_load_sentinel_promotes_and_nothing_is_lost(harness
             lost_after_seconds="6",
             lost_check_interval_seconds="2",
             visibility_timeout_seconds="20",
-            stuck_after_seconds="40",
         )
         client = harness.start_intake()
         workers = [
@@ -239,7 +238,7 @@ def test_our_clients_follow_a_failover_and_the_beat_lock_stays_single(tmp_path):
         assert standby.active_since() is not None
 
         assert pusher.push("order", ["r-2"], max_length=10).pushed == 1
-        assert pusher.present_ids("order") == {"r-1", "r-2"}
+        assert pusher.ledger.scan("order").ids == {"r-1", "r-2"}
     finally:
         if client is not None:
             client.close()

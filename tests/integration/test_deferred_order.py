@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+from tests.support.messages import take_and_ack
 from tests.support.runs import runs_by_record, use_runs_log
 
 BOUND = 5
@@ -62,7 +63,7 @@ def test_new_records_wait_behind_records_left_in_the_journal_until_a_pass_settle
     first = pusher.push("q", ["a", "b", "c"], max_length=2, keeps_left=True)
     assert (first.pushed, first.behind) == (2, False)
     assert first.leaving is not None
-    rt.redis.rpop("q")  # a worker took one: there is room again
+    take_and_ack(rt.redis, "q")  # a worker took one: there is room again
     waiting_push = pusher.push("q", ["d"], max_length=2, behind=True, keeps_left=True)
     assert (waiting_push.pushed, waiting_push.behind, waiting_push.depth) == (0, True, 1)
     # A push that does not wait (the sweeper's, a reject line's) still has the room.

@@ -18,6 +18,7 @@ import httpx
 import pytest
 
 from tests.support.harness import signed_headers
+from tests.support.messages import empty_queue
 from tests.support.processes import TLS_CONTEXT, free_port, wait_for
 from tests.support.raw_http import read_answer, status_of
 
@@ -417,7 +418,7 @@ def test_a_rejected_records_nonce_sent_to_another_line_does_not_admit_it_again(h
     headers = signed_headers(KEY_ID, SECRET, BODY, nonce="nonce-rejected")
     rejected = client.post("/v1/order", content=BODY, headers=headers)
     assert rejected.status_code == 429
-    harness.runtime().redis.delete("order")  # room on the order queue again
+    empty_queue(harness.runtime().redis, "order")  # room on the order queue again
     elsewhere = client.post("/v1/refund", content=BODY, headers=headers)
     assert elsewhere.status_code == 409, elsewhere.text
     kept = {r.id: r for r in harness.records()}[rejected.json()["id"]]

@@ -147,18 +147,23 @@ def test_records_lost_with_redis_memory_are_enqueued_again_and_recovered_is_rais
     assert rt.sweeper.sweep(now=utcnow()).enqueued == {}
 
 
-def test_an_enqueued_record_older_than_the_stuck_threshold_is_pushed_again(harness):
+def test_the_sweeper_leaves_an_old_enqueued_record_of_this_epoch_to_the_lost_check(harness):
+    """However long a record has been `enqueued` in this epoch, the sweeper does not push
+    it again without looking: the lost-message check looks, and pushes it only if its
+    message is gone (here it is: it was never pushed)."""
+    harness.configure(lost_after_seconds="1")
     rt = harness.runtime()
-    long_ago = utcnow() - timedelta(seconds=rt.settings.stuck_after_seconds + 5)
+    long_ago = utcnow() - timedelta(hours=1)
     with rt.engine.begin() as conn:
         record, _ = store.insert_record(
             conn, new_record("order", "S-1", now=long_ago), now=long_ago
         )
         store.mark_enqueued(conn, [record.id], epoch=rt.pusher.epoch(), now=long_ago)
     result = rt.sweeper.sweep(now=utcnow())
-    assert result.stuck == {"order": 1}
-    assert result.recovered == {}
-    assert rt.redis.llen("order") == 1
+    assert (result.enqueued, result.recovered) == ({}, {})
+    assert rt.redis.llen("order") == 0
+    assert rt.lost.recover_lost(now=utcnow()) == {"order": 1}
+    assert queued_ids(rt.redis, "order") == [record.id]
 
 
 def test_retention_deletes_old_done_records_only(harness):

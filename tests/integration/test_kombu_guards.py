@@ -20,7 +20,8 @@ from kombu import Connection, Producer, Queue
 from kombu.asynchronous import Hub
 
 from app import redis_client
-from app.admission.push import UNACKED_KEY, Pusher
+from app.admission.ledger import UNACKED_KEY
+from app.admission.push import Pusher
 from app.local.embedded_redis import RedisServer
 from tests.support.kombu_shipped import kombu_redis_as_shipped
 from tests.support.processes import free_port
@@ -234,16 +235,15 @@ def test_kombu_schedules_its_fetch_and_pubsub_watchdogs_on_a_workers_event_loop(
         hub.close()
 
 
-# Not a patch: `Pusher.present_ids` reads kombu's hash of held messages.
+# `Ledger.scan` reads kombu's hash of held messages; the ack patch releases their count.
 
 
-def test_a_message_a_worker_holds_is_in_kombus_unacked_hash_where_present_ids_reads_it(
-    redis_url,
-):
+def test_a_held_message_is_seen_by_the_scan_and_counted_until_its_ack(redis_url):
     client = redis_client.make_redis(redis_url)
     try:
         pusher = Pusher(client)
         pusher.push(QUEUE, ["01GUARD"], max_length=10)
+        assert pusher.depth(QUEUE) == 1
         with Connection(redis_url) as conn:
             channel = conn.channel()
             assert channel.unacked_key == UNACKED_KEY
@@ -253,8 +253,10 @@ def test_a_message_a_worker_holds_is_in_kombus_unacked_hash_where_present_ids_re
             [held] = client.hvals(UNACKED_KEY)
             _payload, exchange, routing_key = json.loads(held)
             assert (exchange, routing_key) == ("", QUEUE)
-            assert pusher.present_ids(QUEUE) == {"01GUARD"}
+            assert pusher.ledger.scan(QUEUE).ids == {"01GUARD"}
+            assert pusher.depth(QUEUE) == 1  # held by a worker: still in Redis, still counted
             message.ack()
-            assert pusher.present_ids(QUEUE) == set()
+            assert pusher.ledger.scan(QUEUE).ids == set()
+            assert pusher.depth(QUEUE) == 0
     finally:
         client.close()

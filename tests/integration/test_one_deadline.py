@@ -107,7 +107,6 @@ def test_a_trickling_downstream_never_has_one_record_open_twice_and_a_cancel_wai
             lines__shipment__backoff_max_s="1",
             lines__shipment__circuit_min_attempts="1000",
             visibility_timeout_seconds="20",
-            stuck_after_seconds="40",
             sweep_interval_seconds="0.5",
         )
         client = harness.start_intake()

@@ -39,9 +39,10 @@ def _reads(function: Callable[..., Any]) -> set[str]:
     return set(inspect.unwrap(function).__code__.co_names)
 
 
-def test_importing_the_patches_puts_ours_in_place_of_kombus_four_methods():
+def test_importing_the_patches_puts_ours_in_place_of_kombus_five_methods():
     assert kombu_redis.QoS.restore_unacked is kombu_patches._restore_unacked_or_skip
     assert kombu_redis.QoS.ack is kombu_patches._ack_or_skip
+    assert kombu_redis.QoS.reject is kombu_patches._reject_counted
     assert kombu_redis.Channel.conn_or_acquire is kombu_patches._conn_or_acquire
     assert kombu_redis.Channel._connparams is kombu_patches._connparams_without_waiting_checks
 
@@ -50,7 +51,7 @@ def test_the_methods_the_patches_wrap_are_kombus_own_code(shipped):
     """The originals the patches call are the installed kombu's, not another patch's."""
     for saved, own in [
         (kombu_patches._restore_unacked, shipped.QoS.restore_unacked),
-        (kombu_patches._ack, shipped.QoS.ack),
+        (kombu_patches._reject, shipped.QoS.reject),
         (kombu_patches._connparams, shipped.Channel._connparams),
     ]:
         assert saved.__qualname__ == own.__qualname__
@@ -63,6 +64,7 @@ def test_the_methods_the_patches_wrap_are_kombus_own_code(shipped):
     [
         ("_restore_unacked_or_skip", ("QoS", "restore_unacked")),
         ("_ack_or_skip", ("QoS", "ack")),
+        ("_reject_counted", ("QoS", "reject")),
         ("_conn_or_acquire", ("Channel", "conn_or_acquire")),
         ("_connparams_without_waiting_checks", ("Channel", "_connparams")),
     ],
@@ -73,6 +75,16 @@ def test_each_replacement_takes_the_parameters_kombus_method_takes(shipped, ours
     assert _parameters(getattr(kombu_patches, ours)) == _parameters(
         getattr(getattr(shipped, cls), name)
     )
+
+
+def test_kombus_ack_is_the_two_steps_ours_takes_beside_the_release(shipped):
+    """Our ack repeats kombu's (the message out of the unacked index and hash, in one
+    pipeline, then the virtual transport's ack) and adds the release of its records; a
+    reject without a requeue is the same ack in kombu too."""
+    assert {"_remove_from_indices", "execute", "ack"} <= _reads(shipped.QoS.ack)
+    assert {"restore_by_tag", "_remove_from_indices", "ack"} <= _reads(shipped.QoS.reject)
+    assert {"zrem", "hdel"} <= _reads(shipped.QoS._remove_from_indices)
+    assert "_delivered" in _reads(virtual.QoS.ack) or "_quick_ack" in _reads(virtual.QoS.ack)
 
 
 def test_restore_unacked_takes_an_optional_client_and_restores_the_delivered_tags(shipped):

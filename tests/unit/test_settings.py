@@ -340,7 +340,6 @@ def test_a_delivery_that_could_outlive_its_lease_is_refused_naming_the_settings(
     assert "PIPELINE_LINES__SHIPMENT__DELIVERY_TIMEOUT_S" in message
     assert "PIPELINE_VISIBILITY_TIMEOUT_SECONDS" in message
     monkeypatch.setenv("PIPELINE_VISIBILITY_TIMEOUT_SECONDS", "200")  # lease 190 s
-    monkeypatch.setenv("PIPELINE_STUCK_AFTER_SECONDS", "600")
     assert load_settings().lines["shipment"].delivery_timeout_s == 100
     # A table-sink line's timeout bounds no request: it is not held to its lease.
     monkeypatch.setenv("PIPELINE_LINES__ORDER__DELIVERY_TIMEOUT_S", "600")

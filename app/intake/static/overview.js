@@ -125,7 +125,7 @@ function lineCard(line) {
     el("h3", {id: "line-" + line.line}, el("span", {}, line.line, " ", line.paused ? el("span", {class: "badge"}, "PAUSED") : null),
       el("span", {class: "policy"}, "overflow: " + line.overflow)),
     el("div", {class: "bar", role: "meter", "aria-valuemin": "0", "aria-valuemax": String(line.max_queue_length), "aria-valuenow": known ? String(line.queue_depth) : "0", "aria-label": line.line + " queue depth"}, fill),
-    el("div", {class: "depth"}, (known ? line.queue_depth : "Redis down") + " / " + line.max_queue_length + " queued"),
+    el("div", {class: "depth"}, known ? line.queue_depth + " / " + line.max_queue_length + " records queued (" + line.queue_messages + " messages)" : "Redis down / " + line.max_queue_length + " records"),
     el("dl", {},
       el("dt", {}, "live workers"), el("dd", {class: line.live_workers === 0 ? "nobody live" : "live"}, live),
       el("dt", {}, "stalled workers"), el("dd", {class: line.stalled_workers > 0 ? "nobody stalled" : "stalled"}, stalled),

@@ -1,0 +1,188 @@
+"""What a line's queue holds, in records: the count its bound is checked against, and the
+scan that reads every message it holds.
+
+A message of k records takes k of its line's bound. Two Redis keys per queue keep that
+count beside the messages themselves:
+- the *held* hash: each message's delivery tag → its record count and push time (ms),
+  written by the bounded push (`app.admission.push`) in the same script as the LPUSH;
+- the *records* counter: the sum of the held hash, changed in the same steps.
+
+A message leaves the count when a worker acks it (or rejects it without a requeue: the
+workers' kombu patch calls `RELEASE`), not when a worker takes it: the count is the records
+waiting on the queue or held by a worker, all of them in Redis. Why it stays right:
+- a flush, or a Redis that restarts empty, loses the counter with the messages: 0;
+- a partial loss (a failover to a replica that lagged) loses a push's count with its
+  messages, since one script wrote both and a replica applies a script's writes at once;
+- kombu's requeues (a rejected message put back, a worker's held messages restored after
+  the visibility timeout or at a soft shutdown) move a message without acking it: it is
+  counted all along;
+- a message acked by a hard time limit goes through the ack: released;
+- what is left (a message removed by hand, an ack whose release was lost with its
+  connection) is found by the lost-message check's scan: a held entry older than the scan
+  whose message the scan did not see is forgotten (`FORGET`).
+
+`scan` reads a queue in slices (`SLICE` messages a call) and kombu's unacked messages with
+HSCAN, before and after the list, so a long queue never blocks Redis for long and a message
+moving between the two while it reads is seen in one or the other."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import redis
+
+from app.errors import BrokerUnavailable
+
+HELD_KEY = "pipeline:held:{queue}"
+RECORDS_KEY = "pipeline:records:{queue}"
+# kombu's Redis transport keeps a worker's delivered, unacked messages in this hash, as
+# `[message, exchange, routing key]` by delivery tag (kombu.transport.redis.Channel.unacked_key).
+UNACKED_KEY = "unacked"
+# Messages a scan reads per call: a few milliseconds of Redis's time each (messages are
+# about 1 KiB).
+SLICE = 500
+
+# KEYS[1]: the held hash, KEYS[2]: the records counter. ARGV[1]: a delivery tag. Takes the
+# message's records out of the count, once (a second release finds nothing).
+RELEASE = """
+local held = redis.call('HGET', KEYS[1], ARGV[1])
+if not held then return 0 end
+redis.call('HDEL', KEYS[1], ARGV[1])
+local n = tonumber(string.match(held, '^%d+'))
+if redis.call('DECRBY', KEYS[2], n) <= 0 then redis.call('DEL', KEYS[2]) end
+return n
+"""
+
+# KEYS as RELEASE. ARGV[1]: a time in ms; ARGV[2..]: delivery tags a scan did not see.
+# Releases those pushed before that time (a message pushed later may simply be newer than
+# the scan). Returns the records released.
+FORGET = """
+local released = 0
+for i = 2, #ARGV do
+    local held = redis.call('HGET', KEYS[1], ARGV[i])
+    if held then
+        local n, at = string.match(held, '^(%d+),(%d+)$')
+        if tonumber(at) < tonumber(ARGV[1]) then
+            redis.call('HDEL', KEYS[1], ARGV[i])
+            released = released + tonumber(n)
+        end
+    end
+end
+if released > 0 and redis.call('DECRBY', KEYS[2], released) <= 0 then
+    redis.call('DEL', KEYS[2])
+end
+return released
+"""
+
+_BODY = re.compile(rb'"body": ?"([A-Za-z0-9+/=]*)"')
+_TAG = re.compile(rb'"delivery_tag": ?"([^"]*)"')
+
+
+def held_key(queue: str) -> str:
+    return HELD_KEY.format(queue=queue)
+
+
+def records_key(queue: str) -> str:
+    return RECORDS_KEY.format(queue=queue)
+
+
+def body_ids(body: bytes) -> list[str]:
+    """The record ids a message's base64 body carries (its task argument: an id, or a list
+    of them); none for a body that is not one of ours."""
+    try:
+        args = json.loads(base64.b64decode(body))[0][0]
+    except (ValueError, TypeError, IndexError, KeyError):
+        return []
+    candidates = args if isinstance(args, list) else [args]
+    return [c for c in candidates if isinstance(c, str)]
+
+
+@dataclass(kw_only=True)
+class QueueScan:
+    """What one scan of a queue saw: the record ids and delivery tags of its messages,
+    waiting or held by a worker, and the Redis time (ms) it began at."""
+
+    began_ms: int
+    ids: set[str] = field(default_factory=set)
+    tags: set[str] = field(default_factory=set)
+
+    def add(self, raw: bytes) -> None:
+        body = _BODY.search(raw)
+        if body is not None:
+            self.ids.update(body_ids(body.group(1)))
+        tag = _TAG.search(raw)
+        if tag is not None:
+            self.tags.add(tag.group(1).decode())
+
+
+class Ledger:
+    """A queue's count of records, and its scan (see the module)."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self._client = client
+        self._forget = client.register_script(FORGET)
+
+    def records(self, queue: str) -> int:
+        """Records waiting on `queue` or held by its workers. Raises `BrokerUnavailable`."""
+        try:
+            value = self._client.get(records_key(queue))
+        except redis.RedisError as exc:
+            raise BrokerUnavailable(f"reading {queue!r}'s count failed: {exc}") from exc
+        return int(value) if value is not None else 0
+
+    def scan(self, queue: str) -> QueueScan:
+        """Every message `queue` holds, waiting or delivered to a worker and not acked, read
+        in slices (see the module). Raises `BrokerUnavailable`."""
+        try:
+            seconds, micros = self._client.time()
+            seen = QueueScan(began_ms=int(seconds) * 1000 + int(micros) // 1000)
+            self._scan_unacked(queue, seen)
+            start = 0
+            while True:
+                chunk = self._client.lrange(queue, start, start + SLICE - 1)
+                for raw in chunk:
+                    seen.add(raw if isinstance(raw, bytes) else raw.encode())
+                if len(chunk) < SLICE:
+                    break
+                start += SLICE
+            self._scan_unacked(queue, seen)
+        except redis.RedisError as exc:
+            raise BrokerUnavailable(f"reading {queue!r} failed: {exc}") from exc
+        return seen
+
+    def _scan_unacked(self, queue: str, seen: QueueScan) -> None:
+        for tag, raw in self._client.hscan_iter(UNACKED_KEY, count=SLICE):
+            try:
+                message, _exchange, routing_key = json.loads(raw)
+            except (ValueError, TypeError):
+                continue
+            if routing_key != queue or not isinstance(message, dict):
+                continue
+            seen.ids.update(body_ids(str(message.get("body", "")).encode()))
+            seen.tags.add(tag.decode() if isinstance(tag, bytes) else str(tag))
+
+    def forget_unseen(self, queue: str, seen: QueueScan) -> int:
+        """Take out of `queue`'s count the messages pushed before `seen` began that it did
+        not see: they are gone. Returns the records taken out. Raises `BrokerUnavailable`."""
+        try:
+            counted = [
+                tag.decode() if isinstance(tag, bytes) else str(tag)
+                for tag, _held in self._client.hscan_iter(held_key(queue), count=SLICE)
+            ]
+            missing = [tag for tag in counted if tag not in seen.tags]
+            released = 0
+            for chunk in _chunks(missing, SLICE):
+                keys = [held_key(queue), records_key(queue)]
+                released += int(self._forget(keys=keys, args=[seen.began_ms, *chunk]))
+        except redis.RedisError as exc:
+            raise BrokerUnavailable(f"recounting {queue!r} failed: {exc}") from exc
+        return released
+
+
+def _chunks(items: list[str], size: int) -> Iterable[list[str]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
