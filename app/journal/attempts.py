@@ -42,7 +42,7 @@ def _lease_values(lease_s: Any) -> dict[str, Any]:
         "attempts": records.c.attempts + 1,
         "lease_owner": bindparam("owner"),
         "lease_expires_at": db_time(bindparam("lease_until"), lease_s),
-        "updated_at": NOW,
+        "updated_at": db_time(NOW),
     }
 
 
@@ -52,7 +52,7 @@ def _outcome_values(to: RecordStatus, now: Any = NOW) -> dict[str, Any]:
         "status": to.value,
         "lease_owner": None,
         "lease_expires_at": None,
-        "updated_at": now,
+        "updated_at": db_time(now),
         "finished_at": now if finished else None,
     }
 
@@ -270,7 +270,7 @@ def postpone(
         "status": RecordStatus.FAILED.value,
         "last_error": reason[:2000],
         "next_attempt_at": db_time_at(now, (retry_at - now).total_seconds()),
-        "updated_at": now,
+        "updated_at": db_time(now),
     }
     return update_by_id(conn, record_ids, Event.POSTPONED, values, now=now)
 

@@ -147,7 +147,7 @@ def claim_lost(
         for row in conn.execute(
             update(records)
             .where(*terms)
-            .values(queue_epoch=None, updated_at=now)
+            .values(queue_epoch=None, updated_at=db_time(now))
             .returning(*records.c)
         )
     ]
@@ -181,7 +181,7 @@ def claim_as_enqueued(
     values: dict[str, Any] = {
         "status": RecordStatus.ENQUEUED.value,
         "queue_epoch": epoch,
-        "updated_at": now,
+        "updated_at": db_time(now),
     }
     if fresh_attempts:
         values |= {"attempts": 0, "next_attempt_at": None, "finished_at": None}
@@ -224,6 +224,6 @@ def put_back(conn: Connection, claimed: Sequence[Record], *, now: datetime) -> N
                 queue_epoch=epoch,
                 lease_owner=owner,
                 lease_expires_at=expires,
-                updated_at=now,
+                updated_at=db_time(now),
             )
         )

@@ -4,10 +4,12 @@ Grace periods, retry times and lease expiries are compared in SQL. Compared agai
 time of whichever host runs the statement, a host whose clock runs ahead would take a
 record of another host as overdue (a beat 5 s fast pushed every fresh record twice). On
 PostgreSQL "now" in those comparisons is therefore the server's (`now()`, the
-transaction's start), and so are the times that exist only to be compared so (a lease's
-expiry, a retry's due time); SQLite is a file on the one host all its processes share, so
-there it is the time the caller passes. The times a record shows (`created_at`,
-`updated_at`, `finished_at`) are the writer's clock."""
+transaction's start), and so are the times written to be compared so: a record's
+`created_at` and `updated_at` (a grace period counts from them: written by an intake whose
+clock is 30 s behind, a fresh record would look overdue and be pushed twice), a lease's
+expiry, a retry's due time. SQLite is a file on the one host all its processes share, so
+there it is the time the caller passes. `finished_at` (retention counts days from it) and
+the attempts' own times are the writer's clock."""
 
 from __future__ import annotations
 

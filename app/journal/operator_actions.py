@@ -14,6 +14,7 @@ from typing import Any
 
 from sqlalchemy import ColumnElement, Connection, false, func, or_, select, update
 
+from app.journal.dbclock import db_time
 from app.journal.guards import guard
 from app.journal.models import Record, RecordStatus, records
 from app.journal.store import (
@@ -91,7 +92,7 @@ def cancel(
             next_attempt_at=None,
             lease_owner=None,
             lease_expires_at=None,
-            updated_at=now,
+            updated_at=db_time(now),
         )
         .returning(*records.c)
     )
@@ -119,7 +120,7 @@ def claim_retry(conn: Connection, record_ids: Sequence[str], *, now: datetime) -
             finished_at=None,
             lease_owner=None,
             lease_expires_at=None,
-            updated_at=now,
+            updated_at=db_time(now),
         )
         .returning(*records.c)
     )

@@ -28,6 +28,7 @@ from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.functions import FunctionElement
 
+from app.journal.dbclock import db_time
 from app.journal.guards import guard
 from app.journal.models import (
     UNFINISHED,
@@ -154,8 +155,6 @@ def insert_records(
             "payload": new.payload,
             "status": RecordStatus.RECEIVED.value,
             "attempts": 0,
-            "created_at": now,
-            "updated_at": now,
             "task_id": new.id,
             "traceparent": new.traceparent,
         }
@@ -166,6 +165,8 @@ def insert_records(
     statement = (
         _upsert_dialect(conn)
         .insert(records)
+        # On the database's clock, as the thresholds that compare them (`dbclock`).
+        .values(created_at=db_time(now), updated_at=db_time(now))
         .on_conflict_do_nothing(index_elements=["dedup_key"])
         .returning(records.c.id)
     )
@@ -291,7 +292,7 @@ def move(conn: Connection, record_ids: Iterable[str], event: Event, *, now: date
     to = TRANSITIONS[event].to
     if to is None:
         raise ValueError(f"{event.value} does not name the status it moves to")
-    values = {"status": to.value, "updated_at": now}
+    values = {"status": to.value, "updated_at": db_time(now)}
     return update_by_id(conn, record_ids, event, values, now=now)
 
 
@@ -321,7 +322,7 @@ def mark_synced(conn: Connection, record_ids: Sequence[str], *, now: datetime) -
     values = {
         "status": RecordStatus.DONE.value,
         "finished_at": now,
-        "updated_at": now,
+        "updated_at": db_time(now),
         "next_attempt_at": None,
         "last_error": None,
     }
@@ -333,7 +334,7 @@ def mark_enqueued(conn: Connection, record_ids: Sequence[str], *, epoch: str, no
     values = {
         "status": RecordStatus.ENQUEUED.value,
         "queue_epoch": epoch,
-        "updated_at": now,
+        "updated_at": db_time(now),
     }
     return update_by_id(conn, record_ids, Event.PUSHED, values, now=now)
 

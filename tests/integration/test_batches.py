@@ -24,14 +24,16 @@ def journal_enqueued(rt, payloads: list[dict], *, line: str = "order") -> list[s
 
 
 @pytest.mark.journal
-def test_a_push_packs_records_into_messages_and_stops_at_the_bound_in_messages(harness):
+def test_a_push_packs_records_into_messages_and_stops_at_the_bound_in_records(harness):
     harness.configure(lines__order__batch_size="8")
     rt = harness.runtime()
     ids = journal_enqueued(rt, [{"business_no": f"B-{n}"} for n in range(20)])
 
-    outcome = rt.pusher.push("order", ids, max_length=2, batch_size=8)
+    # Messages of 8, 8 and 4 records: the third would make 20 records, past 19.
+    outcome = rt.pusher.push("order", ids, max_length=19, batch_size=8)
 
-    assert (outcome.pushed, outcome.depth) == (16, 2)
+    assert (outcome.pushed, outcome.depth) == (16, 16)
+    assert (rt.pusher.depth("order"), rt.pusher.messages("order")) == (16, 2)
     # LPUSH: the oldest message is at the right, where the worker takes from.
     assert [message_args(m) for m in reversed(rt.redis.lrange("order", 0, -1))] == [
         ids[:8],

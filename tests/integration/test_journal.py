@@ -25,7 +25,7 @@ from app.journal.models import RecordStatus, Source
 from app.journal.schema import upgrade
 from app.journal.store import NewRecord
 from app.journal.transitions import Event as TransitionEvent
-from tests.support.journal import force_status, run_record
+from tests.support.journal import backdate, force_status, run_record
 from tests.support.messages import queued_ids
 
 # Runs on every journal database (SQLite and PostgreSQL).
@@ -92,6 +92,7 @@ def test_sweeper_pushes_old_received_records_oldest_first_within_the_bound(harne
         for n in range(5):
             at = old + timedelta(seconds=n)
             record, _ = store.insert_record(conn, new_record("order", f"A-{n}", now=at), now=at)
+            backdate(conn, [record.id], at)
             ids.append(record.id)
         fresh_at = utcnow()
         fresh, _ = store.insert_record(
@@ -159,6 +160,7 @@ def test_the_sweeper_leaves_an_old_enqueued_record_of_this_epoch_to_the_lost_che
             conn, new_record("order", "S-1", now=long_ago), now=long_ago
         )
         store.mark_enqueued(conn, [record.id], epoch=rt.pusher.epoch(), now=long_ago)
+        backdate(conn, [record.id], long_ago)
     result = rt.sweeper.sweep(now=utcnow())
     assert (result.enqueued, result.recovered) == ({}, {})
     assert rt.redis.llen("order") == 0
@@ -196,6 +198,7 @@ def test_two_sweepers_at_once_push_each_record_once(harness):
         for n in range(300):
             record, _ = store.insert_record(conn, new_record("order", f"C-{n}", now=old), now=old)
             ids.add(record.id)
+        backdate(conn, list(ids), old)
     barrier = threading.Barrier(2)
 
     def run(runtime) -> None:

@@ -23,6 +23,7 @@ from app.journal.models import RecordStatus, Source, records
 from app.journal.schema import SCRIPT_LOCATION, upgrade
 from app.journal.store import NewRecord
 from app.journal.transitions import Event
+from tests.support.journal import backdate
 
 # Runs on every journal database (SQLite and PostgreSQL).
 pytestmark = pytest.mark.journal
@@ -339,6 +340,7 @@ def _journaled(conn, status: RecordStatus, *, at: datetime, name: str) -> str:
         assert operator_actions.cancel(conn, [record.id], epoch=None, now=at), name
     else:
         assert status is RecordStatus.RECEIVED, name
+    backdate(conn, [record.id], at)
     got = store.get_record(conn, record.id)
     assert got is not None
     assert got.status is status, name
@@ -375,6 +377,7 @@ def test_every_final_status_goes_after_its_own_days_and_nothing_unfinished_does(
         )
         assert claimed == [dead.id]
         claims.put_back(conn, [dead], now=days_ago(3))
+        backdate(conn, [dead.id], days_ago(3))
         kept = {
             # Older than the undelivered records' days, younger than its own.
             "done": _journaled(conn, RecordStatus.DONE, at=days_ago(5), name="young done"),

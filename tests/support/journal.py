@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import update
@@ -64,3 +65,12 @@ def run_record(rt: Runtime, record_id: str, *, line: str | None = None) -> Recor
     """`run_records` of one record."""
     (status,) = run_records(rt, [record_id], line=line)
     return status
+
+
+def backdate(conn: Any, record_ids: list[str], at: datetime) -> None:
+    """Make records look written at `at` (`created_at`, `updated_at`): a test's set-up of
+    old records. The journal's own writes take the database's clock on PostgreSQL, whatever
+    time their caller passes."""
+    conn.execute(
+        update(records).where(records.c.id.in_(record_ids)).values(created_at=at, updated_at=at)
+    )
