@@ -17,6 +17,7 @@ from typing import Any
 
 import redis
 
+from app.admission.ledger import held_key, records_key
 from app.admission.push import Pusher
 from app.bench.procs import free_port
 from app.clock import utcnow
@@ -86,7 +87,7 @@ def measure_waiting(url: str, *, messages: int, batch_size: int = 1) -> dict[str
             pusher.push(
                 queue,
                 ids,
-                max_length=messages,
+                max_length=records,
                 batch_size=batch_size,
                 business_nos=numbers,
             )
@@ -94,7 +95,7 @@ def measure_waiting(url: str, *, messages: int, batch_size: int = 1) -> dict[str
         after = _used_memory(client)
         sample = client.lindex(queue, 0)
         message_bytes = len(sample) if isinstance(sample, bytes) else 0
-        client.delete(queue)
+        client.delete(queue, held_key(queue), records_key(queue))
     return {
         "messages": depth,
         "records_per_message": batch_size,

@@ -77,7 +77,8 @@ class Sizes:
         return cls(
             intake_s=10,
             warmup_s=2,
-            concurrency=16,
+            # The connections of the intake's targets (p99 at 32 connections).
+            concurrency=32,
             end_to_end=20_000,
             replay_rows=1_000_000,
             isolation_s=15,

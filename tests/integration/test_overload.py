@@ -9,6 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
+from app.admission.ledger import records_key
 from app.clock import utcnow
 from app.ids import new_id
 from app.journal import store
@@ -23,17 +24,22 @@ BOUND = 100
 
 
 class DepthSampler:
-    """Samples LLEN of a queue on its own connection until stopped."""
+    """Samples a queue's depth on its own connection until stopped: LLEN (its messages
+    waiting), or with `records` the records the bound counts."""
 
-    def __init__(self, client, queue: str) -> None:
+    def __init__(self, client, queue: str, *, records: bool = False) -> None:
         self.client, self.queue = client, queue
+        self.key = records_key(queue) if records else None
         self.samples: list[int] = []
         self.stopped = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
         while not self.stopped.is_set():
-            self.samples.append(int(self.client.llen(self.queue)))
+            if self.key is None:
+                self.samples.append(int(self.client.llen(self.queue)))
+            else:
+                self.samples.append(int(self.client.get(self.key) or 0))
 
     def __enter__(self) -> DepthSampler:
         self.thread.start()
