@@ -127,7 +127,7 @@ class Settings(BaseSettings):
     journal_timeout_seconds: float = Field(default=5, gt=0)
     # A committed record's answer waits this long at most for its push onto the queue; past
     # it the answer is 202 `received`, whatever Redis does, and the sweeper pushes it.
-    intake_push_wait_seconds: float = Field(default=1.0, gt=0)
+    intake_push_wait_seconds: float = Field(default=2.0, gt=0)
     # Resource limits of each intake process: requests in flight beyond this get 503; a
     # body must arrive within the timeout (408); an idle keep-alive connection is closed.
     intake_max_concurrent_requests: int = Field(default=256, ge=1)

@@ -73,6 +73,9 @@ def test_bound_holds_under_32_concurrent_producers(harness, policy):
         lines__order__max_queue_length=str(BOUND),
         lines__order__overflow=policy,
         lines__order__batch_size="1",
+        # Every answer from its push, however loaded the machine: a request whose push
+        # outlived the wait would be answered `received` (and its record deferred).
+        intake_push_wait_seconds="30",
     )
     client = harness.start_intake()
     rt = harness.runtime()
