@@ -9,7 +9,6 @@ Redis: a committed record whose push has not finished within the answer's wait i
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import queue
 import threading
 import time
@@ -165,7 +164,7 @@ class Acceptor:
         for line_name, indexes in sorted(admit.items(), key=lambda item: len(item[1])):
             line = self.lines.get(line_name)
             admitted = [stored[i][0] for i in indexes]
-            log.info(
+            log.debug(
                 "records_received",
                 line=line_name,
                 count=len(admitted),
@@ -368,17 +367,27 @@ class Admission:
 
     WAITING, DECIDED, LEFT = range(3)
 
-    def __init__(self, new: NewRecord, record: Record, *, created: bool) -> None:
+    # Set once committed (`committed`).
+    record: Record
+    created: bool
+    committed_at_s: float
+
+    def __init__(self, new: NewRecord) -> None:
+        """Made by the request, on its event loop: its answer is settled there."""
         self.new = new
-        self.record = record
-        self.created = created
-        self.committed_at_s = time.monotonic()
-        self.outcome: concurrent.futures.Future[Acceptance] = concurrent.futures.Future()
+        self.loop = asyncio.get_running_loop()
+        self.outcome: asyncio.Future[Acceptance] = self.loop.create_future()
         # The admission of the request that created this one's record in the same group
         # (two requests with one nonce, committed together): its status is this one's.
         self.follows: Admission | None = None
         self._lock = threading.Lock()
         self._state = self.WAITING
+
+    def committed(self, record: Record, *, created: bool) -> None:
+        """Its record is in the journal (made by this request's write, or known)."""
+        self.record = record
+        self.created = created
+        self.committed_at_s = time.monotonic()
 
     @property
     def needs_push(self) -> bool:
@@ -406,12 +415,13 @@ class Admission:
         if not self.needs_push:
             status = self.record.status
             if self.follows is not None:
+                followed = asyncio.shield(self.follows.outcome)
                 try:
-                    status = (await asyncio.wait_for(_settled(self.follows), wait_s)).status
+                    status = (await asyncio.wait_for(followed, wait_s)).status
                 except TimeoutError:
                     status = RecordStatus.RECEIVED
             return Acceptance(record=self.record, status=status, created=False)
-        future = asyncio.wrap_future(self.outcome)
+        future = self.outcome
         try:
             return await asyncio.wait_for(asyncio.shield(future), wait_s)
         except TimeoutError:
@@ -458,8 +468,7 @@ class PushStage:
             return
         with self._lock:
             if self._closed:
-                for admission in admissions:
-                    _answer(admission, ShuttingDown("the intake is stopping"))
+                _answer([(a, ShuttingDown("the intake is stopping")) for a in admissions])
                 return
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="intake-push", daemon=True)
@@ -490,8 +499,7 @@ class PushStage:
             taken = self._take(first)
             now_s = time.monotonic()
             stale = [a for a in taken if now_s - a.committed_at_s > self._stale_after_s]
-            for admission in stale:
-                _answer(admission, _received(admission))
+            _answer([(admission, _received(admission)) for admission in stale])
             group = [a for a in taken if now_s - a.committed_at_s <= self._stale_after_s]
             if group:
                 self._push(group)
@@ -502,10 +510,12 @@ class PushStage:
 
     def _push(self, group: list[Admission]) -> None:
         by_id = {a.record.id: a for a in group}
+        answered = False
 
         def answer(outcomes: list[Acceptance]) -> None:
-            for admission, outcome in zip(group, outcomes, strict=True):
-                _answer(admission, outcome)
+            nonlocal answered
+            _answer(list(zip(group, outcomes, strict=True)))
+            answered = True
 
         try:
             self._acceptor.admit_many(
@@ -517,8 +527,8 @@ class PushStage:
             )
         except Exception:
             log.exception("intake_push_failed", count=len(group))
-        for admission in group:
-            _answer(admission, _received(admission))  # a no-op where answered
+        if not answered:  # the records are committed: `received`, for the sweeper
+            _answer([(admission, _received(admission)) for admission in group])
 
     def close(self, *, timeout_s: float = 10.0) -> None:
         """Push what was submitted, then stop the thread."""
@@ -530,44 +540,48 @@ class PushStage:
             thread.join(timeout=timeout_s)
 
 
-async def _settled(admission: Admission) -> Acceptance:
-    """`admission`'s outcome, without giving up its wait when this one's ends."""
-    return await asyncio.shield(asyncio.wrap_future(admission.outcome))
-
-
 def _received(admission: Admission) -> Acceptance:
     return Acceptance(record=admission.record, status=RecordStatus.RECEIVED, created=True)
 
 
-def _answer(admission: Admission, outcome: Acceptance | BaseException) -> None:
-    if admission.outcome.done():
-        return
-    try:
+def _answer(admissions: Sequence[tuple[Admission, Acceptance | BaseException]]) -> None:
+    """Settle each admission's outcome on its request's event loop: one wake-up per loop."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Admission, object]]] = {}
+    for admission, outcome in admissions:
+        by_loop.setdefault(admission.loop, []).append((admission, outcome))
+    for loop, settled in by_loop.items():
+        try:
+            loop.call_soon_threadsafe(_settle_all, settled)
+        except RuntimeError:  # the event loop is gone: its process is stopping
+            log.warning("intake_answer_lost", count=len(settled))
+
+
+def _settle_all(settled: list[tuple[Admission, object]]) -> None:
+    for admission, outcome in settled:
+        if admission.outcome.done():
+            continue
         if isinstance(outcome, BaseException):
             admission.outcome.set_exception(outcome)
         else:
-            admission.outcome.set_result(outcome)
-    except concurrent.futures.InvalidStateError:  # answered meanwhile
-        return
+            admission.outcome.set_result(outcome)  # type: ignore[arg-type]
 
 
 def accept_group(
     acceptor: Acceptor, pushes: PushStage, *, clock: Callable[[], datetime], timeout_s: float
-) -> CommitQueue[NewRecord, Admission]:
+) -> CommitQueue[Admission, Admission]:
     """The intake's journal writes: the records of concurrent requests committed together
-    (`Acceptor.journal_many`, one transaction). Each request is answered once its record is
-    committed, with its `Admission`; the records then go to `pushes`."""
+    (`Acceptor.journal_many`, one transaction). Each request's `Admission` is answered once
+    its record is committed; the records then go to `pushes`."""
 
     def write(
-        news: list[NewRecord], answer: Callable[[Sequence[Admission]], None], gate: CommitGate
+        admissions: list[Admission], answer: Callable[[Sequence[Admission]], None], gate: CommitGate
     ) -> None:
+        news = [a.new for a in admissions]
         # Read before the rows: an admission no longer on its way has marked its record.
         on_its_way = [pushes.in_flight(new.dedup_key) for new in news]
         stored = acceptor.journal_many(news, clock=clock, gate=gate)
-        admissions = [
-            Admission(new, record, created=created)
-            for new, (record, created) in zip(news, stored, strict=True)
-        ]
+        for admission, (record, created) in zip(admissions, stored, strict=True):
+            admission.committed(record, created=created)
         created_now = {a.record.id: a for a in admissions if a.created}
         for admission, earlier in zip(admissions, on_its_way, strict=True):
             if admission.created:

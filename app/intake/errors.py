@@ -73,14 +73,9 @@ def status_for(exc: errors.PipelineError) -> int:
     return 500 if status is None else status
 
 
-def count_outcomes(request: Request) -> None:
-    """A route dependency: the route's answers are counted by outcome and line (an
-    unknown line is counted as `unknown`), the refusals too."""
-    request.state.count_outcomes = True
-
-
 def count_outcome(request: Request, outcome: IntakeOutcome) -> None:
-    """Count one answer of a route that `count_outcomes`."""
+    """Count one answer of a route that counts its outcomes (by line, an unknown line as
+    `unknown`; its refusals too): one that set `request.state.count_outcomes`."""
     if not getattr(request.state, "count_outcomes", False):
         return
     rt: Runtime = request.app.state.runtime

@@ -40,7 +40,6 @@ MAX_GROUP = 256
 MAX_WRITERS = 3
 
 Settled = Any  # an item's answer, or the exception that failed it
-Reply = Callable[[Settled], None]
 # Called by a group's write as the last step of its transaction, just before it commits:
 # raises `GroupGivenUp` (and the transaction rolls back) when a caller gave the group up.
 CommitGate = Callable[[], None]
@@ -79,13 +78,17 @@ class _Group:
 
 
 class _Pending:
-    """An item put, until its group is written: its group, or given up before it had one."""
+    """An item put, until its group is written: the future its caller awaits on its event
+    loop, its group, or given up before it had one."""
 
-    __slots__ = ("given_up", "group", "item", "reply")
+    __slots__ = ("future", "given_up", "group", "item", "loop")
 
-    def __init__(self, item: Any, reply: Reply) -> None:
+    def __init__(
+        self, item: Any, loop: asyncio.AbstractEventLoop, future: asyncio.Future[Any]
+    ) -> None:
         self.item = item
-        self.reply = reply
+        self.loop = loop
+        self.future = future
         self.group: _Group | None = None
         self.given_up = False
 
@@ -115,11 +118,7 @@ class CommitQueue(Generic[T, R]):
         time; `ShuttingDown` once the queue is closed."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[R] = loop.create_future()
-
-        def reply(outcome: Settled) -> None:
-            loop.call_soon_threadsafe(_settle, future, outcome)
-
-        pending = _Pending(item, reply)
+        pending = _Pending(item, loop, future)
         self._submit(pending)
         try:
             return await asyncio.wait_for(asyncio.shield(future), self._timeout_s)
@@ -257,11 +256,20 @@ def in_one_transaction(journal: Journal, *, timeout_s: float) -> CommitQueue[Job
 
 
 def _reply_all(group: Sequence[_Pending], outcomes: Sequence[Settled]) -> None:
+    """Each caller's answer, handed to its event loop: one wake-up per loop and group."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Any], Settled]]] = {}
     for pending, outcome in zip(group, outcomes, strict=True):
+        by_loop.setdefault(pending.loop, []).append((pending.future, outcome))
+    for loop, answers in by_loop.items():
         try:
-            pending.reply(outcome)
+            loop.call_soon_threadsafe(_settle_all, answers)
         except RuntimeError:  # the event loop is gone: its process is stopping
             log.warning("commit_reply_lost")
+
+
+def _settle_all(answers: list[tuple[asyncio.Future[Any], Settled]]) -> None:
+    for future, outcome in answers:
+        _settle(future, outcome)
 
 
 def _settle(future: asyncio.Future[Any], outcome: Settled) -> None:
