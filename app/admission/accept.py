@@ -60,6 +60,15 @@ class OverflowDecision:
         return self.transition is None
 
 
+@dataclass(frozen=True, kw_only=True)
+class Enqueued:
+    """Records pushed, to be marked `enqueued`: their ids by the epoch of their push, and
+    the dedup keys of the intake's requests they came from (`PushStage.marked`)."""
+
+    by_epoch: dict[str, list[str]]
+    dedup_keys: tuple[str, ...] = ()
+
+
 def decide_overflow(policy: Overflow) -> OverflowDecision:
     """The overflow policy's decision for one record that did not fit on its queue."""
     if policy is Overflow.CALLER_RUNS:
@@ -118,14 +127,20 @@ class Acceptor:
         *,
         clock: Callable[[], datetime],
         gate: CommitGate | None = None,
+        enqueued: Sequence[Enqueued] = (),
     ) -> list[tuple[Record, bool]]:
         """Commit the rows of `news` (`received`) in one transaction, but for the dedup keys
         already known; each stored record, in order, and whether this call created it.
-        `gate` is passed just before the commit (`app.journal.commits`).
+        `enqueued`: records pushed since, marked `enqueued` in the same transaction. `gate`
+        is passed just before the commit (`app.journal.commits`).
 
         Raises `JournalUnavailable` (for all of them) if the rows could not be committed."""
         with self.journal.transaction("journal write") as conn:
-            stored = store.insert_records(conn, news, now=clock())
+            now = clock()
+            stored = store.insert_records(conn, news, now=now) if news else []
+            for marks in enqueued:
+                for epoch, ids in marks.by_epoch.items():
+                    store.mark_enqueued(conn, ids, epoch=epoch, now=now)
             if gate is not None:
                 gate()
         return stored
@@ -139,6 +154,7 @@ class Acceptor:
         overflow: Overflow | None = None,
         answering: Callable[[str], bool] | None = None,
         on_admitted: Callable[[list[Acceptance]], None] | None = None,
+        mark: Callable[[Enqueued], None] | None = None,
     ) -> list[Acceptance]:
         """Push the committed records `stored` (of `news`, in order) onto their queues: each
         line's in one push, in order while room remains; then mark those pushed `enqueued`
@@ -150,7 +166,8 @@ class Acceptor:
         decision (None: every caller does); one that stopped waiting was answered `received`,
         so its record is deferred, whatever the policy. `on_admitted` gets the outcomes as
         soon as they are known, before the marking: that is bookkeeping that loses nothing
-        when it fails (a record pushed but still `received` is only pushed again)."""
+        when it fails (a record pushed but still `received` is only pushed again). `mark`,
+        when given, takes the marking over (the intake writes it with its next group)."""
         results: list[Acceptance | None] = [None] * len(news)
         admit: dict[str, list[int]] = {}
         for i, (new, (record, created)) in enumerate(zip(news, stored, strict=True)):
@@ -185,7 +202,11 @@ class Acceptor:
         outcomes = _as_admitted([result for result in results if result is not None])
         if on_admitted is not None:
             on_admitted(outcomes)
-        self._mark_enqueued(enqueued, clock)
+        if mark is not None:
+            if any(enqueued.values()):
+                mark(Enqueued(by_epoch=enqueued))
+        else:
+            self._mark_enqueued(enqueued, clock)
         return outcomes
 
     def _admit(
@@ -445,11 +466,19 @@ class PushStage:
     left `received` for the sweeper, whose grace period is twice that."""
 
     def __init__(
-        self, acceptor: Acceptor, *, clock: Callable[[], datetime], stale_after_s: float
+        self,
+        acceptor: Acceptor,
+        *,
+        clock: Callable[[], datetime],
+        stale_after_s: float,
+        mark: Callable[[Enqueued], None],
     ) -> None:
         self._acceptor = acceptor
         self._clock = clock
         self._stale_after_s = stale_after_s
+        # Hands the records pushed to the journal's writer (`intake_pipeline`): one writer
+        # per process, so the marking never waits for the journal's lock beside it.
+        self._mark = mark
         self._queue: queue.SimpleQueue[Admission | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -501,16 +530,30 @@ class PushStage:
             stale = [a for a in taken if now_s - a.committed_at_s > self._stale_after_s]
             _answer([(admission, _received(admission)) for admission in stale])
             group = [a for a in taken if now_s - a.committed_at_s <= self._stale_after_s]
-            if group:
-                self._push(group)
-            with self._lock:
-                for admission in taken:
-                    if self._by_key.get(admission.new.dedup_key) is admission:
-                        del self._by_key[admission.new.dedup_key]
+            handed = self._push(group) if group else False
+            # Those handed for marking stay on their way until it is written (`marked`).
+            self._forget([a.new.dedup_key for a in (stale if handed else taken)])
 
-    def _push(self, group: list[Admission]) -> None:
+    def marked(self, marks: Sequence[Enqueued]) -> None:
+        """The writes marked these records `enqueued` (or gave up): no longer on their way."""
+        self._forget([key for m in marks for key in m.dedup_keys])
+
+    def _forget(self, dedup_keys: Sequence[str]) -> None:
+        with self._lock:
+            for key in dedup_keys:
+                self._by_key.pop(key, None)
+
+    def _push(self, group: list[Admission]) -> bool:
+        """Push `group`; whether its records were handed to the writes for marking."""
         by_id = {a.record.id: a for a in group}
         answered = False
+        handed = False
+
+        def mark(enqueued: Enqueued) -> None:
+            nonlocal handed
+            keys = tuple(a.new.dedup_key for a in group)
+            self._mark(replace(enqueued, dedup_keys=keys))
+            handed = True
 
         def answer(outcomes: list[Acceptance]) -> None:
             nonlocal answered
@@ -524,11 +567,13 @@ class PushStage:
                 clock=self._clock,
                 answering=lambda record_id: by_id[record_id].decide(),
                 on_admitted=answer,
+                mark=mark,
             )
         except Exception:
             log.exception("intake_push_failed", count=len(group))
         if not answered:  # the records are committed: `received`, for the sweeper
             _answer([(admission, _received(admission)) for admission in group])
+        return handed
 
     def close(self, *, timeout_s: float = 10.0) -> None:
         """Push what was submitted, then stop the thread."""
@@ -566,20 +611,33 @@ def _settle_all(settled: list[tuple[Admission, object]]) -> None:
             admission.outcome.set_result(outcome)  # type: ignore[arg-type]
 
 
-def accept_group(
-    acceptor: Acceptor, pushes: PushStage, *, clock: Callable[[], datetime], timeout_s: float
-) -> CommitQueue[Admission, Admission]:
-    """The intake's journal writes: the records of concurrent requests committed together
-    (`Acceptor.journal_many`, one transaction). Each request's `Admission` is answered once
-    its record is committed; the records then go to `pushes`."""
+def intake_pipeline(
+    acceptor: Acceptor, *, clock: Callable[[], datetime], timeout_s: float, stale_after_s: float
+) -> tuple[CommitQueue[Admission | Enqueued, Admission | None], PushStage]:
+    """The intake's two steps. Its journal writes: the records of concurrent requests
+    committed together (`Acceptor.journal_many`, one transaction, with the records pushed
+    since marked `enqueued` in it); each request's `Admission` is answered once its record
+    is committed. Then its pushes (`PushStage`), which hand what they pushed back to the
+    writes for marking."""
 
     def write(
-        admissions: list[Admission], answer: Callable[[Sequence[Admission]], None], gate: CommitGate
+        items: list[Admission | Enqueued],
+        answer: Callable[[Sequence[Admission | None]], None],
+        gate: CommitGate,
     ) -> None:
+        admissions = [item for item in items if isinstance(item, Admission)]
+        marks = [item for item in items if isinstance(item, Enqueued)]
         news = [a.new for a in admissions]
         # Read before the rows: an admission no longer on its way has marked its record.
         on_its_way = [pushes.in_flight(new.dedup_key) for new in news]
-        stored = acceptor.journal_many(news, clock=clock, gate=gate)
+        try:
+            stored = acceptor.journal_many(news, clock=clock, gate=gate, enqueued=marks)
+        except JournalUnavailable:
+            if marks:  # they stay `received`: the sweeper pushes them again, harmlessly
+                log.warning("records_status_not_saved", count=_count_marked(marks))
+            raise
+        finally:
+            pushes.marked(marks)
         for admission, (record, created) in zip(admissions, stored, strict=True):
             admission.committed(record, created=created)
         created_now = {a.record.id: a for a in admissions if a.created}
@@ -590,7 +648,15 @@ def accept_group(
                 admission.follows = earlier
             else:
                 admission.follows = created_now.get(admission.record.id)
-        answer(admissions)
+        answer([item if isinstance(item, Admission) else None for item in items])
         pushes.submit([a for a in admissions if a.needs_push])
 
-    return CommitQueue(write, name="group-accept", timeout_s=timeout_s)
+    writes: CommitQueue[Admission | Enqueued, Admission | None] = CommitQueue(
+        write, name="group-accept", timeout_s=timeout_s
+    )
+    pushes = PushStage(acceptor, clock=clock, stale_after_s=stale_after_s, mark=writes.put_nowait)
+    return writes, pushes
+
+
+def _count_marked(marks: Sequence[Enqueued]) -> int:
+    return sum(len(ids) for m in marks for ids in m.by_epoch.values())

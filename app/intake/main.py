@@ -10,7 +10,7 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from app.admission.accept import PushStage, accept_group
+from app.admission.accept import intake_pipeline
 from app.clock import utcnow
 from app.errors import ConfigError
 from app.intake import (
@@ -52,9 +52,13 @@ def create_app(settings: Settings) -> FastAPI:
     # ones now, rather than at the sweeper's next pass.
     drainer = Drainer(rt.sweeper, clock=utcnow)
     acceptor = dataclasses.replace(rt.acceptor, on_room_behind=drainer.request)
-    # A record still waiting for its push after half the sweeper's grace is left to it.
-    pushes = PushStage(acceptor, clock=utcnow, stale_after_s=settings.received_grace_seconds / 2)
-    group = accept_group(acceptor, pushes, clock=utcnow, timeout_s=settings.journal_timeout_seconds)
+    group, pushes = intake_pipeline(
+        acceptor,
+        clock=utcnow,
+        timeout_s=settings.journal_timeout_seconds,
+        # A record still waiting for its push after half the sweeper's grace is left to it.
+        stale_after_s=settings.received_grace_seconds / 2,
+    )
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:

@@ -13,7 +13,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstra
 from sqlalchemy import text
 from starlette.concurrency import run_in_threadpool
 
-from app.admission.accept import Admission
+from app.admission.accept import Admission, Enqueued
 from app.clock import as_utc, utcnow
 from app.dedup_keys import DEV
 from app.errors import (
@@ -309,8 +309,9 @@ async def post_record(line: str, request: Request) -> JSONResponse:
         payload=payload,
         traceparent=rt.tracing.current_traceparent(),
     )
-    group: CommitQueue[Admission, Admission] = request.app.state.group_accept
+    group: CommitQueue[Admission | Enqueued, Admission | None] = request.app.state.group_accept
     admission = await group.put(Admission(new))  # committed: from here on the answer is 2xx
+    assert admission is not None  # an admission's answer is itself
     record = admission.record
     if not admission.created and record.line != new.line:
         # Not the other line's record: that would tell this caller what it holds.

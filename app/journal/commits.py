@@ -84,7 +84,10 @@ class _Pending:
     __slots__ = ("future", "given_up", "group", "item", "loop")
 
     def __init__(
-        self, item: Any, loop: asyncio.AbstractEventLoop, future: asyncio.Future[Any]
+        self,
+        item: Any,
+        loop: asyncio.AbstractEventLoop | None,
+        future: asyncio.Future[Any] | None,
     ) -> None:
         self.item = item
         self.loop = loop
@@ -136,6 +139,14 @@ class CommitQueue(Generic[T, R]):
             raise JournalInDoubt(
                 f"{self._name}: the commit gave no outcome within {2 * self._timeout_s:g} s"
             ) from None
+
+    def put_nowait(self, item: T) -> None:
+        """Write `item` with the next group, from any thread; nobody waits for its answer
+        (a failed write is the write's to log). Dropped once the queue is closed."""
+        try:
+            self._submit(_Pending(item, None, None))
+        except ShuttingDown:
+            log.warning("journal_write_dropped", what=self._name)
 
     def _submit(self, pending: _Pending) -> None:
         with self._lock:
@@ -259,6 +270,8 @@ def _reply_all(group: Sequence[_Pending], outcomes: Sequence[Settled]) -> None:
     """Each caller's answer, handed to its event loop: one wake-up per loop and group."""
     by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Any], Settled]]] = {}
     for pending, outcome in zip(group, outcomes, strict=True):
+        if pending.loop is None or pending.future is None:
+            continue  # put without a caller waiting
         by_loop.setdefault(pending.loop, []).append((pending.future, outcome))
     for loop, answers in by_loop.items():
         try:
