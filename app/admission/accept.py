@@ -443,10 +443,9 @@ class Admission:
                     status = RecordStatus.RECEIVED
             return Acceptance(record=self.record, status=status, created=False)
         future = self.outcome
-        try:
-            return await asyncio.wait_for(asyncio.shield(future), wait_s)
-        except TimeoutError:
-            pass
+        done, _ = await asyncio.wait((future,), timeout=wait_s)  # the future stays uncancelled
+        if done:
+            return future.result()
         if self._leave():
             return Acceptance(record=self.record, status=RecordStatus.RECEIVED, created=True)
         try:

@@ -123,10 +123,11 @@ class CommitQueue(Generic[T, R]):
         future: asyncio.Future[R] = loop.create_future()
         pending = _Pending(item, loop, future)
         self._submit(pending)
-        try:
-            return await asyncio.wait_for(asyncio.shield(future), self._timeout_s)
-        except TimeoutError:
-            pass
+        # `wait`, not `wait_for`: the future stays uncancelled (its group may still answer),
+        # at less cost than a shield.
+        done, _ = await asyncio.wait((future,), timeout=self._timeout_s)
+        if done:
+            return future.result()
         if self._give_up(pending):
             self._unstick()
             raise JournalUnavailable(

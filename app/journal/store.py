@@ -29,7 +29,7 @@ from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.functions import FunctionElement
 
 from app.journal.dbclock import db_time
-from app.journal.guards import guard
+from app.journal.guards import NOW, guard
 from app.journal.models import (
     UNFINISHED,
     Record,
@@ -144,7 +144,7 @@ def insert_records(
 
     Returns, in order, each stored record and whether this call created it (of several
     with one dedup key, the first is created and the others get it)."""
-    rows = [
+    rows: list[dict[str, Any]] = [
         {
             "id": new.id,
             "line": new.line,
@@ -162,15 +162,9 @@ def insert_records(
         # then lock them in one order, and wait for each other instead of deadlocking.
         for new in sorted(news, key=lambda new: new.dedup_key)
     ]
-    statement = (
-        _upsert_dialect(conn)
-        .insert(records)
-        # On the database's clock, as the thresholds that compare them (`dbclock`).
-        .values(created_at=db_time(now), updated_at=db_time(now))
-        .on_conflict_do_nothing(index_elements=["dedup_key"])
-        .returning(records.c.id)
-    )
-    created = {row.id for row in conn.execute(statement, rows)}
+    for row in rows:
+        row["now"] = now
+    created = {row.id for row in conn.execute(_inserts(conn), rows)}
     known = [new.dedup_key for new in news if new.id not in created]
     existing = (
         {
@@ -205,6 +199,24 @@ def insert_records(
         else:
             stored.append((existing[new.dedup_key], False))
     return stored
+
+
+# `insert_records`' statement, by dialect: built once (the intake's every group).
+_INSERTS: dict[str, Any] = {}
+
+
+def _inserts(conn: Connection) -> Any:
+    name = conn.dialect.name
+    if name not in _INSERTS:
+        _INSERTS[name] = (
+            _upsert_dialect(conn)
+            .insert(records)
+            # On the database's clock, as the thresholds that compare them (`dbclock`).
+            .values(created_at=db_time(NOW), updated_at=db_time(NOW))
+            .on_conflict_do_nothing(index_elements=["dedup_key"])
+            .returning(records.c.id)
+        )
+    return _INSERTS[name]
 
 
 def get_record(conn: Connection, record_id: str) -> Record | None:
@@ -331,12 +343,32 @@ def mark_synced(conn: Connection, record_ids: Sequence[str], *, now: datetime) -
 
 def mark_enqueued(conn: Connection, record_ids: Sequence[str], *, epoch: str, now: datetime) -> int:
     """`received → enqueued` in `epoch`: the intake pushed them."""
-    values = {
-        "status": RecordStatus.ENQUEUED.value,
-        "queue_epoch": epoch,
-        "updated_at": db_time(now),
-    }
-    return update_by_id(conn, record_ids, Event.PUSHED, values, now=now)
+    if not record_ids:
+        return 0
+    params = {"record_ids": list(record_ids), "epoch": epoch, "now": now}
+    return int(conn.execute(_marks(conn), params).rowcount)
+
+
+# `mark_enqueued`'s statement, by dialect: built once (the intake's every group).
+_MARKS: dict[str, Any] = {}
+
+
+def _marks(conn: Connection) -> Any:
+    name = conn.dialect.name
+    if name not in _MARKS:
+        _MARKS[name] = (
+            update(records)
+            .where(
+                among_param(conn, records.c.id, "record_ids"),
+                *guard(Event.PUSHED, status=unindexed_status),
+            )
+            .values(
+                status=RecordStatus.ENQUEUED.value,
+                queue_epoch=bindparam("epoch"),
+                updated_at=db_time(NOW),
+            )
+        )
+    return _MARKS[name]
 
 
 def start_replay(
