@@ -10,7 +10,7 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from app.admission.accept import intake_pipeline
+from app.admission.intake_path import intake_pipeline
 from app.clock import utcnow
 from app.errors import ConfigError
 from app.intake import (

@@ -15,7 +15,8 @@ from starlette.concurrency import run_in_threadpool
 from starlette.routing import Match, Route
 from starlette.types import Scope
 
-from app.admission.accept import Admission, Enqueued
+from app.admission.accept import Enqueued
+from app.admission.intake_path import Admission
 from app.clock import as_utc, utcnow
 from app.dedup_keys import DEV
 from app.errors import (

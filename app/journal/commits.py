@@ -1,6 +1,7 @@
 """The commit queue: the journal writes of many callers, one transaction for those waiting
-together. The intake's acceptances go through one (`app.admission.accept.accept_group`), and so
-do a worker's claims and outcomes (`in_one_transaction`).
+together. The intake's acceptances go through one
+(`app.admission.intake_path.intake_pipeline`), and so do a worker's claims and outcomes
+(`in_one_transaction`).
 
 Callers put an item and await its answer; a writer thread takes everything waiting (up to
 `max_group`) and writes it at once. A caller that arrives while a group is being written
