@@ -9,7 +9,6 @@ in the same transactions, the marking of those the push thread pushed."""
 from __future__ import annotations
 
 import asyncio
-import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -17,7 +16,7 @@ from dataclasses import replace
 from datetime import datetime
 
 from app.admission.accept import Acceptance, Acceptor, Enqueued, is_resent
-from app.errors import JournalInDoubt, JournalUnavailable, ShuttingDown
+from app.errors import JournalInDoubt, JournalUnavailable
 from app.journal.commits import CommitGate, CommitQueue
 from app.journal.models import Record, RecordStatus
 from app.journal.store import NewRecord
@@ -123,10 +122,12 @@ class PushStage:
         # Hands the records pushed to the journal's writer (`intake_pipeline`): one writer
         # per process, so the marking never waits for the journal's lock beside it.
         self._mark = mark
-        self._queue: queue.SimpleQueue[Admission | None] = queue.SimpleQueue()
+        # The pushes' thread: the commit queues' writer, taking every admission waiting
+        # as one group (nobody awaits its answer: each admission is answered itself).
+        self._groups: CommitQueue[Admission, None] = CommitQueue(
+            self._write, name="intake-push", timeout_s=stale_after_s, max_group=MAX_PUSH_GROUP
+        )
         self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
-        self._closed = False
         # The admissions submitted and not yet through (marked `enqueued` included), by
         # dedup key: a request with a known nonce follows its record's admission.
         self._by_key: dict[str, Admission] = {}
@@ -136,47 +137,25 @@ class PushStage:
         return self._by_key.get(dedup_key)
 
     def submit(self, admissions: Sequence[Admission]) -> None:
-        """Push these records, with those waiting, as soon as the thread is free."""
-        if not admissions:
-            return
+        """Push these records, with those waiting, as soon as the thread is free (once the
+        intake is stopping, never: they are `received`, for the sweeper)."""
         with self._lock:
-            if self._closed:
-                _answer([(a, ShuttingDown("the intake is stopping")) for a in admissions])
-                return
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="intake-push", daemon=True)
-                self._thread.start()
             for admission in admissions:
                 self._by_key[admission.new.dedup_key] = admission
         for admission in admissions:
-            self._queue.put(admission)
+            self._groups.put_nowait(admission)
 
-    def _take(self, first: Admission) -> list[Admission]:
-        taken = [first]
-        while len(taken) < MAX_PUSH_GROUP:
-            try:
-                item = self._queue.get_nowait()
-            except queue.Empty:
-                break
-            if item is None:
-                self._queue.put(None)  # stop after this group
-                break
-            taken.append(item)
-        return taken
-
-    def _run(self) -> None:
-        while True:
-            first = self._queue.get()
-            if first is None:
-                return
-            taken = self._take(first)
-            now_s = time.monotonic()
-            stale = [a for a in taken if now_s - a.committed_at_s > self._stale_after_s]
-            _answer([(admission, _received(admission)) for admission in stale])
-            group = [a for a in taken if now_s - a.committed_at_s <= self._stale_after_s]
-            handed = self._push(group) if group else False
-            # Those handed for marking stay on their way until it is written (`marked`).
-            self._forget([a.new.dedup_key for a in (stale if handed else taken)])
+    def _write(
+        self, taken: list[Admission], answer: Callable[[Sequence[None]], None], _gate: CommitGate
+    ) -> None:
+        now_s = time.monotonic()
+        stale = [a for a in taken if now_s - a.committed_at_s > self._stale_after_s]
+        _answer([(admission, _received(admission)) for admission in stale])
+        group = [a for a in taken if now_s - a.committed_at_s <= self._stale_after_s]
+        handed = self._push(group) if group else False
+        # Those handed for marking stay on their way until it is written (`marked`).
+        self._forget([a.new.dedup_key for a in (stale if handed else taken)])
+        answer([None] * len(taken))
 
     def marked(self, marks: Sequence[Enqueued]) -> None:
         """The writes marked these records `enqueued` (or gave up): no longer on their way."""
@@ -221,12 +200,7 @@ class PushStage:
 
     def close(self, *, timeout_s: float = 10.0) -> None:
         """Push what was submitted, then stop the thread."""
-        with self._lock:
-            self._closed = True
-            thread = self._thread
-        if thread is not None:
-            self._queue.put(None)
-            thread.join(timeout=timeout_s)
+        self._groups.close(timeout_s=timeout_s)
 
 
 def _received(admission: Admission) -> Acceptance:

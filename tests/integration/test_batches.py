@@ -10,9 +10,8 @@ import pytest
 from app.clock import utcnow
 from app.journal.models import RecordStatus
 from app.lines import TABLE_SINK_BATCH
-from tests.integration.test_journal import new_record
 from tests.integration.test_overload import BOUND, POSTS_EACH, PRODUCERS, DepthSampler, flood
-from tests.support.journal import journal_records
+from tests.support.journal import journal_records, new_record
 from tests.support.messages import message_args
 from tests.support.processes import wait_for
 

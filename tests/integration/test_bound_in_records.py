@@ -9,12 +9,10 @@ from collections import Counter
 import pytest
 
 from app.clock import utcnow
-from app.ids import new_id
-from app.journal.models import RecordStatus, Source
-from app.journal.store import NewRecord
+from app.journal.models import RecordStatus
 from app.runtime import Runtime
 from tests.support.harness import Harness
-from tests.support.journal import journal_records
+from tests.support.journal import journal_records, new_record
 from tests.support.messages import queued_ids
 
 # Runs on every journal database (SQLite and PostgreSQL).
@@ -36,25 +34,11 @@ def bounded_batching_line(harness: Harness) -> None:
     )
 
 
-def new_order(business_no: str) -> NewRecord:
-    now = utcnow()
-    record_id = new_id(now)
-    return NewRecord(
-        id=record_id,
-        line="order",
-        business_no=business_no,
-        source=Source.INTAKE,
-        dedup_key=f"test:{record_id}",
-        body_sha256="0" * 64,
-        payload={"business_no": business_no},
-    )
-
-
 def accept_in_one_group(rt: Runtime, count: int) -> list[str]:
     """`count` records of `order` committed in one group and pushed together (as the
     intake's group commit pushes concurrent requests): packed into batches. Their ids,
     oldest first."""
-    news = [new_order(f"B-{n}") for n in range(count)]
+    news = [new_record("order", f"B-{n}", now=utcnow()) for n in range(count)]
     rt.acceptor.accept_many(news, clock=utcnow)
     return [new.id for new in news]
 

@@ -21,28 +21,14 @@ from app.ids import new_id
 from app.journal import attempts, claims, expiry, store
 from app.journal import engine as journal_engine
 from app.journal.engine import make_engine
-from app.journal.models import RecordStatus, Source
+from app.journal.models import RecordStatus
 from app.journal.schema import upgrade
-from app.journal.store import NewRecord
 from app.journal.transitions import Event as TransitionEvent
-from tests.support.journal import backdate, force_status, run_record
+from tests.support.journal import backdate, force_status, new_record, run_record
 from tests.support.messages import queued_ids
 
 # Runs on every journal database (SQLite and PostgreSQL).
 pytestmark = pytest.mark.journal
-
-
-def new_record(line: str, business_no: str, *, now: datetime) -> NewRecord:
-    record_id = new_id(now)
-    return NewRecord(
-        id=record_id,
-        line=line,
-        business_no=business_no,
-        source=Source.INTAKE,
-        dedup_key=f"test:{record_id}",
-        body_sha256="0" * 64,
-        payload={"business_no": business_no},
-    )
 
 
 def test_a_done_record_is_never_moved_by_a_late_or_duplicate_delivery(harness):

@@ -10,11 +10,10 @@ from collections import Counter
 import pytest
 
 from app.clock import utcnow
-from app.ids import new_id
-from app.journal.models import RecordStatus, Source
-from app.journal.store import NewRecord
+from app.journal.models import RecordStatus
 from app.runtime import Runtime
 from tests.support.harness import Harness
+from tests.support.journal import new_record
 from tests.support.messages import message_args, queued_ids
 from tests.support.processes import wait_for
 
@@ -32,26 +31,15 @@ REMOVED = 10
 RECOVERY_S = 30
 
 
-def new_order(business_no: str) -> NewRecord:
-    now = utcnow()
-    record_id = new_id(now)
-    return NewRecord(
-        id=record_id,
-        line="order",
-        business_no=business_no,
-        source=Source.INTAKE,
-        dedup_key=f"test:{record_id}",
-        body_sha256="0" * 64,
-        payload={"business_no": business_no},
-    )
-
-
 def accept_orders(rt: Runtime, count: int, *, chunk: int) -> list[str]:
     """`count` records of `order`, journaled and pushed `chunk` at a time (a group each);
     their ids, oldest first."""
     ids: list[str] = []
     for start in range(0, count, chunk):
-        news = [new_order(f"W-{n}") for n in range(start, min(start + chunk, count))]
+        news = [
+            new_record("order", f"W-{n}", now=utcnow())
+            for n in range(start, min(start + chunk, count))
+        ]
         accepted = rt.acceptor.accept_many(news, clock=utcnow)
         assert {a.status for a in accepted} == {RecordStatus.ENQUEUED}
         ids.extend(new.id for new in news)

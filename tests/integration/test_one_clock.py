@@ -9,8 +9,7 @@ import pytest
 
 from app.clock import utcnow
 from app.journal.models import RecordStatus
-from tests.integration.test_journal import new_record
-from tests.support.journal import journal_records
+from tests.support.journal import journal_records, new_record
 from tests.support.messages import queued_ids
 from tests.support.processes import wait_for
 

@@ -74,3 +74,17 @@ def backdate(conn: Any, record_ids: list[str], at: datetime) -> None:
     conn.execute(
         update(records).where(records.c.id.in_(record_ids)).values(created_at=at, updated_at=at)
     )
+
+
+def new_record(line: str, business_no: str, *, now: datetime) -> NewRecord:
+    """A record of `line` as the intake would journal it, made at `now`."""
+    record_id = new_id(now)
+    return NewRecord(
+        id=record_id,
+        line=line,
+        business_no=business_no,
+        source=Source.INTAKE,
+        dedup_key=f"test:{record_id}",
+        body_sha256="0" * 64,
+        payload={"business_no": business_no},
+    )
