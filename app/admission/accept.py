@@ -176,7 +176,7 @@ class Acceptor:
         for line_name, indexes in sorted(admit.items(), key=lambda item: len(item[1])):
             line = self.lines.get(line_name)
             admitted = [stored[i][0] for i in indexes]
-            log.debug(
+            log.info(
                 "records_received",
                 line=line_name,
                 count=len(admitted),

@@ -111,7 +111,7 @@ def create_app(settings: Settings) -> FastAPI:
         app.add_middleware(RequestSpans, tracing=rt.tracing)
     for router in routers:
         app.include_router(router)
-    app.router.routes.insert(0, routes.RECORD_ROUTE)
+    app.router.routes.insert(0, routes.record_route(rt.lines.names()))
     _document_lines(app, rt.lines)
     docs.install(app, settings)
     return app

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import time
+from collections.abc import Iterable
 from datetime import datetime
 from typing import Annotated, Any
 
@@ -283,7 +284,7 @@ async def post_replay(body: ReplayRequest, actor: AdminActor, rt: RuntimeDep) ->
 async def post_record(request: Request) -> JSONResponse:
     """Journal a record for the path's line, then push it onto the line's queue.
 
-    Served as a plain Starlette route (`RECORD_ROUTE`), which nearly every request takes:
+    Served as a plain Starlette route (`record_route`), which nearly every request takes:
     it skips FastAPI's dependency solving and handler wrappers, about a third of the
     intake's CPU per request. This FastAPI route documents it (OpenAPI), and would serve it
     the same way."""
@@ -349,16 +350,24 @@ async def post_record(request: Request) -> JSONResponse:
     return JSONResponse(answer, status_code=200 if (done or not result.created) else 202)
 
 
-class _NamedRoute(Route):
-    """A Starlette route that names itself in the scope as FastAPI's do (`scope["route"]`:
-    a request's span is named after its route's template)."""
+class _RecordRoute(Route):
+    """`post_record` for the configured lines' paths only (line names never spell another
+    route's path: `RESERVED_LINE_NAMES`); any other `POST /v1/…` goes on to FastAPI's
+    routes (`/v1/replay`, an unknown line's 404). Named in the scope as FastAPI's routes
+    are (`scope["route"]`: a request's span is named after its route's template)."""
+
+    def __init__(self, lines: frozenset[str]) -> None:
+        super().__init__("/v1/{line}", post_record, methods=["POST"], include_in_schema=False)
+        self.lines = lines
 
     def matches(self, scope: Scope) -> tuple[Match, Scope]:
         match, child = super().matches(scope)
-        if match is not Match.NONE:
-            child["route"] = self
+        if match is Match.NONE or child["path_params"].get("line") not in self.lines:
+            return Match.NONE, {}
+        child["route"] = self
         return match, child
 
 
-# `post_record` as the intake serves it: placed before every other route of the app.
-RECORD_ROUTE = _NamedRoute("/v1/{line}", post_record, methods=["POST"], include_in_schema=False)
+def record_route(lines: Iterable[str]) -> Route:
+    """`post_record` as the intake serves it, placed before every other route of the app."""
+    return _RecordRoute(frozenset(lines))
