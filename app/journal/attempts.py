@@ -19,7 +19,14 @@ from sqlalchemy import Connection, bindparam, select, update
 from app.journal.dbclock import db_time, db_time_at
 from app.journal.guards import NOW, guard, lease_free, lease_held
 from app.journal.models import Record, RecordStatus, records
-from app.journal.store import among, among_param, unindexed_line, unindexed_status, update_by_id
+from app.journal.store import (
+    among,
+    among_param,
+    built_once,
+    unindexed_line,
+    unindexed_status,
+    update_by_id,
+)
 from app.journal.transitions import TRANSITIONS, Event
 
 
@@ -137,25 +144,20 @@ def _claims(conn: Connection, *, of_line: bool) -> Any:
     return _CLAIMS[key]
 
 
-# `claim_done_all`'s statement, by dialect.
-_CLAIMS_DONE: dict[str, Any] = {}
-
-
+@built_once
 def _claims_done(conn: Connection) -> Any:
-    name = conn.dialect.name
-    if name not in _CLAIMS_DONE:
-        _CLAIMS_DONE[name] = (
-            update(records)
-            .where(
-                among_param(conn, records.c.id, "record_ids"),
-                unindexed_line == bindparam("record_line"),
-                records.c.attempts < bindparam("max_attempts"),
-                *guard(Event.ATTEMPT, status=unindexed_status),
-            )
-            .values(attempts=records.c.attempts + 1, **_done_values())
-            .returning(*records.c)
+    """`claim_done_all`'s statement."""
+    return (
+        update(records)
+        .where(
+            among_param(conn, records.c.id, "record_ids"),
+            unindexed_line == bindparam("record_line"),
+            records.c.attempts < bindparam("max_attempts"),
+            *guard(Event.ATTEMPT, status=unindexed_status),
         )
-    return _CLAIMS_DONE[name]
+        .values(attempts=records.c.attempts + 1, **_done_values())
+        .returning(*records.c)
+    )
 
 
 def claim_attempts(

@@ -7,7 +7,7 @@ caller owns the transaction. Every move of a status is guarded in SQL by its rul
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple
@@ -201,22 +201,31 @@ def insert_records(
     return stored
 
 
-# `insert_records`' statement, by dialect: built once (the intake's every group).
-_INSERTS: dict[str, Any] = {}
+def built_once(build: Callable[[Connection], Any]) -> Callable[[Connection], Any]:
+    """`build(conn)`, a statement made once per dialect and kept: for the statements run
+    most often, whose building cost more than running them. Their values are parameters."""
+    made: dict[str, Any] = {}
+
+    def statement(conn: Connection) -> Any:
+        name = conn.dialect.name
+        if name not in made:
+            made[name] = build(conn)
+        return made[name]
+
+    return statement
 
 
+@built_once
 def _inserts(conn: Connection) -> Any:
-    name = conn.dialect.name
-    if name not in _INSERTS:
-        _INSERTS[name] = (
-            _upsert_dialect(conn)
-            .insert(records)
-            # On the database's clock, as the thresholds that compare them (`dbclock`).
-            .values(created_at=db_time(NOW), updated_at=db_time(NOW))
-            .on_conflict_do_nothing(index_elements=["dedup_key"])
-            .returning(records.c.id)
-        )
-    return _INSERTS[name]
+    """`insert_records`' statement (the intake's every group)."""
+    return (
+        _upsert_dialect(conn)
+        .insert(records)
+        # On the database's clock, as the thresholds that compare them (`dbclock`).
+        .values(created_at=db_time(NOW), updated_at=db_time(NOW))
+        .on_conflict_do_nothing(index_elements=["dedup_key"])
+        .returning(records.c.id)
+    )
 
 
 def get_record(conn: Connection, record_id: str) -> Record | None:
@@ -349,26 +358,21 @@ def mark_enqueued(conn: Connection, record_ids: Sequence[str], *, epoch: str, no
     return int(conn.execute(_marks(conn), params).rowcount)
 
 
-# `mark_enqueued`'s statement, by dialect: built once (the intake's every group).
-_MARKS: dict[str, Any] = {}
-
-
+@built_once
 def _marks(conn: Connection) -> Any:
-    name = conn.dialect.name
-    if name not in _MARKS:
-        _MARKS[name] = (
-            update(records)
-            .where(
-                among_param(conn, records.c.id, "record_ids"),
-                *guard(Event.PUSHED, status=unindexed_status),
-            )
-            .values(
-                status=RecordStatus.ENQUEUED.value,
-                queue_epoch=bindparam("epoch"),
-                updated_at=db_time(NOW),
-            )
+    """`mark_enqueued`'s statement (the intake's every group)."""
+    return (
+        update(records)
+        .where(
+            among_param(conn, records.c.id, "record_ids"),
+            *guard(Event.PUSHED, status=unindexed_status),
         )
-    return _MARKS[name]
+        .values(
+            status=RecordStatus.ENQUEUED.value,
+            queue_epoch=bindparam("epoch"),
+            updated_at=db_time(NOW),
+        )
+    )
 
 
 def start_replay(
