@@ -55,6 +55,7 @@ from app.delivery.outcomes import (
     attempt_span,
     circuit_open,
     describe_attempt,
+    http_answer_of,
     http_status_of,
     log_skipped,
     ramping,
@@ -471,6 +472,7 @@ class AttemptEngine:
                 started_at=started,
                 finished_at=clock(),
                 http_status=http_status_of(exc),
+                http_answer=http_answer_of(exc),
                 error=exc,
                 probe=probe,
             )

@@ -113,6 +113,8 @@ class Flight:
     started_at: datetime
     finished_at: datetime
     http_status: int | None = None
+    # The start of the downstream's answer to a refusal (`http_answer_of`).
+    http_answer: str | None = None
     error: Exception | None = None
     probe: str = ""
     # Whether its outcome says anything of the downstream (the circuit counts it).
@@ -164,7 +166,13 @@ def http_status_of(exc: BaseException) -> int | None:
     return status if isinstance(status, int) else None
 
 
-def attempt_row(
+def http_answer_of(exc: BaseException) -> str | None:
+    """The start of the downstream's answer a failed delivery carries, if it got one."""
+    answer = exc.details.get("http_answer") if isinstance(exc, DeliveryFailed) else None
+    return answer if isinstance(answer, str) else None
+
+
+def attempt_row(  # noqa: PLR0913 - one row's values, keyword-only
     record: Record,
     *,
     owner: str,
@@ -172,6 +180,7 @@ def attempt_row(
     finished_at: datetime,
     outcome: Outcome,
     http_status: int | None = None,
+    http_answer: str | None = None,
     error: BaseException | None = None,
 ) -> Attempt:
     """The row of the attempt `record` was claimed for by `owner` (a lease owner)."""
@@ -183,6 +192,7 @@ def attempt_row(
         worker=worker_of(owner),
         outcome=outcome,
         http_status=http_status,
+        http_answer=http_answer,
         error=error,
     )
 
@@ -230,6 +240,8 @@ def record_outcome(
         finished_at=flight.finished_at,
         outcome=outcome,
         http_status=flight.http_status,
+        # Kept for an attempt that did not end done (`new_attempt` leaves it out then).
+        http_answer=flight.http_answer,
         error=flight.error,
     )
     if not moved:

@@ -17,9 +17,11 @@ last byte (or the handler's return), however a downstream trickles its answer.""
 from __future__ import annotations
 
 import asyncio
+import codecs
 import contextlib
 import email.utils
 import json
+import re
 import time
 import urllib.parse
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -35,6 +37,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from app import standard_webhooks
 from app.clock import as_utc
 from app.errors import DeliveryFailed
+from app.journal.attempt_log import MAX_HTTP_ANSWER_LENGTH
 from app.journal.models import Record, order_status, orders, refunds, sink_rows
 from app.journal.store import among
 from app.observe.tracing import NO_SPAN, NO_TRACING, Span, SpanKind, Tracing
@@ -52,6 +55,15 @@ HTTP_TIMEOUT_S = 10.0
 # The longest wait a downstream's `Retry-After` is honoured for: the record's next attempt
 # is due no later than this, whatever a downstream asks (a date years ahead included).
 MAX_RETRY_AFTER_S = 3600.0
+
+
+# How much of a refusal's answer the HTTP sink reads (bytes): the start of it is kept on
+# the attempt's row, the rest never read (a huge answer costs no more than a small one).
+MAX_ANSWER_BYTES = MAX_HTTP_ANSWER_LENGTH
+# How much of it a record's `last_error` quotes, whitespace collapsed.
+MAX_QUOTED_ANSWER = 300
+# A URL within a downstream's answer (it may echo ours, secrets and all).
+_URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s\"'<>]+")
 
 
 # Client spans fail on these answers (OpenTelemetry's HTTP conventions for a client).
@@ -178,9 +190,10 @@ async def deliver_http(  # noqa: PLR0913 - the line's delivery settings, keyword
     (the record id), `webhook-timestamp` (`clock()`, at this attempt) and
     `webhook-signature`. Within a span of `tracing`, the request has a client span of its
     own, whose traceparent it carries. Returns the answer's status code. Raises
-    `DeliveryFailed` (with the `http_status` of the answer, if any) unless that code is in
+    `DeliveryFailed` (with the `http_status` of the answer, if any, and the start of its body
+    as `http_answer`, URLs redacted, quoted in its message) unless that code is in
     `delivered`, or when none came whole within `timeout_s`, one deadline from connect to
-    last byte."""
+    last byte (of a refusal, to the last byte read: at most `MAX_ANSWER_BYTES`)."""
     content = _body(record)
     headers = _headers(record)
     if signing_secret is not None:
@@ -189,14 +202,18 @@ async def deliver_http(  # noqa: PLR0913 - the line's delivery settings, keyword
             key, msg_id=record.id, timestamp_s=int(clock()), body=content
         )
     shown = redact_url(url)
+    answer = ""
     with _client_span(tracing, url, headers) as span:
         try:
             async with asyncio.timeout(timeout_s):
                 async with session.post(
                     url, data=content, headers=headers, allow_redirects=False
                 ) as response:
-                    await response.read()
                     status, answered = response.status, response.headers
+                    if status in delivered:
+                        await response.read()
+                    else:
+                        answer = await _answer_start(response.content)
         except TimeoutError as exc:
             span.fail("no whole answer in time")
             raise DeliveryFailed(f"POST {shown}: no whole answer within {timeout_s:g} s") from exc
@@ -207,15 +224,45 @@ async def deliver_http(  # noqa: PLR0913 - the line's delivery settings, keyword
         if status >= FIRST_ERROR_STATUS:
             span.fail(f"HTTP {status}")
     if status not in delivered:
+        said = redact_urls(answer, url)
+        words = quoted(said)
         retry_after_s = retry_after(status, answered, now_s=clock())
         if retry_after_s is not None:
             raise DeliveryFailed(
-                f"POST {shown}: HTTP {status}, Retry-After {retry_after_s:g} s",
+                f"POST {shown}: HTTP {status}, Retry-After {retry_after_s:g} s{words}",
                 http_status=status,
+                http_answer=said,
                 retry_after_s=retry_after_s,
             )
-        raise DeliveryFailed(f"POST {shown}: HTTP {status}", http_status=status)
+        raise DeliveryFailed(
+            f"POST {shown}: HTTP {status}{words}", http_status=status, http_answer=said
+        )
     return status
+
+
+async def _answer_start(content: aiohttp.StreamReader) -> str:
+    """The start of an answer's body: at most `MAX_ANSWER_BYTES`, decoded as UTF-8 (a
+    character cut at the end is left out, an invalid byte replaced). The rest is never read:
+    the connection is closed instead of kept."""
+    data = bytearray()
+    while len(data) < MAX_ANSWER_BYTES:
+        chunk = await content.read(MAX_ANSWER_BYTES - len(data))
+        if not chunk:
+            break
+        data += chunk
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    return decoder.decode(bytes(data), final=False)[:MAX_HTTP_ANSWER_LENGTH]
+
+
+def quoted(answer: str) -> str:
+    """How an error quotes a downstream's answer: `: ` and its start, whitespace collapsed,
+    at most `MAX_QUOTED_ANSWER` characters; empty for an empty answer."""
+    words = " ".join(answer.split())
+    if not words:
+        return ""
+    if len(words) > MAX_QUOTED_ANSWER:
+        words = words[: MAX_QUOTED_ANSWER - 1] + "…"
+    return f": {words}"
 
 
 @contextlib.contextmanager
@@ -297,6 +344,23 @@ def redact_url(url: str) -> str:
     host = parts.hostname or ""
     port = f":{parts.port}" if parts.port else ""
     return urllib.parse.urlunsplit((parts.scheme, f"{host}{port}", parts.path, "", ""))
+
+
+def redact_urls(text: str, url: str = "") -> str:
+    """`text` (a downstream's answer) with every URL in it redacted as `redact_url` does,
+    `url` (the one it was sent to) first, wherever it stands."""
+    if url:
+        text = text.replace(url, redact_url(url))
+    return _URL_IN_TEXT.sub(_redacted, text)
+
+
+def _redacted(found: re.Match[str]) -> str:
+    text = found.group(0)
+    url = text.rstrip(".,;:!?)]}")  # the sentence's punctuation, not the URL's
+    try:
+        return redact_url(url) + text[len(url) :]
+    except ValueError:  # not a URL after all (a port out of range): none of it is kept
+        return text.split("://", 1)[0] + "://…"
 
 
 def make_http_client() -> httpx.Client:

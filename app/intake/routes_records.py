@@ -1,8 +1,10 @@
-"""The admin endpoints that find records and act on them: the list by filter, a retry or
-a cancel of one record, and the same in bulk by filter (with a dry run)."""
+"""The admin endpoints that find records and act on them: the list by filter (each record
+with its last attempt), a retry or a cancel of one record, and the same in bulk by filter
+or by a selection of ids (with a dry run)."""
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path, Query
@@ -13,7 +15,7 @@ from app.intake.admin import AdminActor
 from app.intake.admin import require_admin as _require_admin
 from app.intake.routes import ADMIN, RuntimeDep, Text, UtcTime, errors_doc
 from app.intake.views import record_view
-from app.journal import store
+from app.journal import attempt_log, store
 from app.journal.audit import MAX_REASON_LENGTH
 from app.journal.models import RecordStatus, Source
 from app.journal.store import RecordFilter
@@ -22,17 +24,30 @@ from app.runtime import Runtime
 
 router = APIRouter(dependencies=[Depends(_require_admin)])
 
-# How long an error prefix may be: `last_error` keeps 2,000 characters, a prefix that
-# long names one error.
-MAX_ERROR_PREFIX = 500
+# How long the words searched for in errors may be: `last_error` keeps 2,000 characters,
+# words that long name one error.
+MAX_ERROR_TEXT = 500
+# How many records a selection by ids names at most.
+MAX_SELECTED = 1000
 # No line allows more attempts than this; a bound above it is a typo.
 MAX_ATTEMPTS_FILTER = 1_000_000
 RecordId = Annotated[str, Path(max_length=128, pattern=r"^[^\x00]*$")]
 Reason = Annotated[
     Text, StringConstraints(strip_whitespace=True, min_length=1, max_length=MAX_REASON_LENGTH)
 ]
-ErrorPrefix = Annotated[Text, StringConstraints(min_length=1, max_length=MAX_ERROR_PREFIX)]
+ErrorText = Annotated[Text, StringConstraints(min_length=1, max_length=MAX_ERROR_TEXT)]
 AttemptBound = Annotated[int, Field(ge=0, le=MAX_ATTEMPTS_FILTER)]
+SelectedId = Annotated[Text, StringConstraints(min_length=1, max_length=26)]
+ERROR_DOC = (
+    "words last_error holds anywhere, in any case, as plain text (% and _ match only themselves)"
+)
+
+
+class Order(StrEnum):
+    """The order of `GET /v1/records`: by id (ids are time-ordered)."""
+
+    OLDEST = "oldest"
+    NEWEST = "newest"
 
 
 def _actions(rt: Runtime) -> RecordActions:
@@ -48,37 +63,49 @@ def list_records(  # noqa: PLR0913 - the filters of the query string, one argume
     business_no: Annotated[list[Text] | None, Query(max_length=128)] = None,
     since: UtcTime | None = None,
     until: UtcTime | None = None,
-    error: Annotated[
-        ErrorPrefix | None, Query(description="how last_error begins, as plain text")
-    ] = None,
+    error: Annotated[ErrorText | None, Query(description=ERROR_DOC)] = None,
     min_attempts: Annotated[AttemptBound | None, Query()] = None,
     max_attempts: Annotated[AttemptBound | None, Query()] = None,
+    record_id: Annotated[
+        list[SelectedId] | None,
+        Query(alias="id", max_length=MAX_SELECTED, description="the records selected by id"),
+    ] = None,
+    order: Annotated[Order, Query(description="by id: oldest or newest first")] = Order.OLDEST,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     after: Annotated[Text | None, Query(max_length=26)] = None,
     include_payload: Annotated[
         bool, Query(description="false: each payload's size only (`payload_bytes`)")
     ] = True,
 ) -> dict[str, Any]:
-    """Records by id, filtered; `next` is the cursor for the following page."""
+    """Records by id (`order`: oldest or newest first), filtered, each with its last attempt
+    (`last_attempt`, its answer's start only; null: none yet); `next` is the cursor for the
+    following page (null: no more). A search by `error` reads a bounded number of records
+    with an error per page: a page may hold fewer than `limit` records, none even, while
+    `next` says where to go on from."""
     where = RecordFilter(
+        ids=record_id or (),
         line=line,
         statuses=status or (),
         source=source,
         business_nos=business_no or (),
         since=since,
         until=until,
-        error_prefix=error,
+        error_text=error,
         min_attempts=min_attempts,
         max_attempts=max_attempts,
     )
     check_filter(where)
     with rt.journal.reading() as conn:
-        items = store.list_records(conn, where, limit=limit + 1, after=after)
-    page = items[:limit]
-    return {
-        "items": [record_view(record, include_payload=include_payload) for record in page],
-        "next": page[-1].id if len(items) > limit else None,
-    }
+        page = store.find_records(
+            conn, where, limit=limit, after=after, newest=order is Order.NEWEST
+        )
+        last = attempt_log.last_attempts(conn, [record.id for record in page.items])
+    items = []
+    for record in page.items:
+        attempt = last.get(record.id)
+        view = record_view(record, include_payload=include_payload)
+        items.append(view | {"last_attempt": None if attempt is None else attempt.summary()})
+    return {"items": items, "next": page.next}
 
 
 class RetryBody(BaseModel):
@@ -98,10 +125,12 @@ class CancelBody(BaseModel):
 
 
 class Selection(BaseModel):
-    """The filter of a bulk action: the filters of `GET /v1/records` (at least one)."""
+    """The filter of a bulk action: the filters of `GET /v1/records` (at least one), `ids`
+    the selection by id."""
 
     model_config = ConfigDict(extra="forbid")
 
+    ids: list[SelectedId] = Field(default_factory=list, max_length=MAX_SELECTED)
     line: Annotated[Text, Field(max_length=32)] | None = None
     status: list[RecordStatus] = Field(default_factory=list, max_length=len(RecordStatus))
     source: Source | None = None
@@ -110,20 +139,21 @@ class Selection(BaseModel):
     )
     since: UtcTime | None = None
     until: UtcTime | None = None
-    error: ErrorPrefix | None = None
+    error: ErrorText | None = Field(default=None, description=ERROR_DOC)
     min_attempts: AttemptBound | None = None
     max_attempts: AttemptBound | None = None
     dry_run: bool = False
 
     def record_filter(self) -> RecordFilter:
         return RecordFilter(
+            ids=self.ids,
             line=self.line,
             statuses=self.status,
             source=self.source,
             business_nos=self.business_no,
             since=self.since,
             until=self.until,
-            error_prefix=self.error,
+            error_text=self.error,
             min_attempts=self.min_attempts,
             max_attempts=self.max_attempts,
         )

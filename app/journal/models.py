@@ -126,6 +126,15 @@ records = Table(
     # The sweeper's leases that expired without an outcome: only records in flight have one.
     Index(None, "lease_expires_at"),
 )
+# A search by an error's words (`app.journal.store.find_records`): only the records that
+# have an error, by id, so a page walks them newest or oldest first and never the rest.
+ERRORS_INDEX = "ix_records_id_with_error"
+Index(
+    ERRORS_INDEX,
+    records.c.id,
+    sqlite_where=records.c.last_error.is_not(None),
+    postgresql_where=records.c.last_error.is_not(None),
+)
 
 
 def _keyed_sink(name: str) -> Table:
@@ -209,6 +218,9 @@ record_attempts = Table(
     Column("worker_pid", Integer, nullable=False),
     Column("outcome", String(16), nullable=False),
     Column("http_status", Integer, nullable=True),
+    # The start of the downstream's answer to an attempt that did not end `done` (its own
+    # words for a refusal), URLs redacted; None for a done attempt.
+    Column("http_answer", Text, nullable=True),
     Column("error_class", String(128), nullable=True),
     Column("error_message", Text, nullable=True),
     Column("duration_ms", Integer, nullable=False),

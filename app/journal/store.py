@@ -8,7 +8,7 @@ caller owns the transaction. Every move of a status is guarded in SQL by its rul
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, NamedTuple
 
@@ -112,16 +112,18 @@ class NewRecord:
 @dataclass(frozen=True, kw_only=True)
 class RecordFilter:
     """Filters of `GET /v1/records`, of the operator's bulk actions and of replay.
-    `error_prefix`: how `last_error` begins, as plain text (no wildcards); `min_attempts`,
+    `ids`: the records selected by id; `error_text`: words `last_error` holds anywhere, in
+    any case, as plain text (`%` and `_` match only themselves); `min_attempts`,
     `max_attempts`: bounds of `attempts`, both included."""
 
+    ids: Sequence[str] = ()
     line: str | None = None
     statuses: Sequence[RecordStatus] = ()
     source: Source | None = None
     business_nos: Sequence[str] = ()
     since: datetime | None = None
     until: datetime | None = None
-    error_prefix: str | None = None
+    error_text: str | None = None
     min_attempts: int | None = None
     max_attempts: int | None = None
 
@@ -235,28 +237,38 @@ def get_record(conn: Connection, record_id: str) -> Record | None:
 
 def filtered(query: Any, where: RecordFilter) -> Any:
     """`query` narrowed to the records `where` selects."""
-    if where.line:
-        query = query.where(records.c.line == where.line)
-    if where.statuses:
-        query = query.where(records.c.status.in_([s.value for s in where.statuses]))
-    if where.source:
-        query = query.where(records.c.source == where.source.value)
-    if where.business_nos:
-        query = query.where(records.c.business_no.in_(list(where.business_nos)))
+    terms = _sets(where)
     if where.since:
-        query = query.where(records.c.created_at >= where.since)
+        terms.append(records.c.created_at >= where.since)
     if where.until:
-        query = query.where(records.c.created_at < where.until)
-    if where.error_prefix:
-        # The first characters compared as text: `%` and `_` match only themselves, and the
-        # comparison is case-sensitive on SQLite too (its LIKE folds ASCII case).
-        prefix = where.error_prefix
-        query = query.where(func.substr(records.c.last_error, 1, len(prefix)) == prefix)
+        terms.append(records.c.created_at < where.until)
+    if where.error_text:
+        # Only records with an error (the partial index of them), then their words.
+        terms += [
+            records.c.last_error.is_not(None),
+            has_words(records.c.last_error, where.error_text),
+        ]
     if where.min_attempts is not None:
-        query = query.where(records.c.attempts >= where.min_attempts)
+        terms.append(records.c.attempts >= where.min_attempts)
     if where.max_attempts is not None:
-        query = query.where(records.c.attempts <= where.max_attempts)
-    return query
+        terms.append(records.c.attempts <= where.max_attempts)
+    return query.where(*terms) if terms else query
+
+
+def _sets(where: RecordFilter) -> list[ColumnElement[bool]]:
+    """The terms of `where` that name values a record's column is one of."""
+    terms: list[ColumnElement[bool]] = []
+    if where.ids:
+        terms.append(records.c.id.in_(list(where.ids)))
+    if where.line:
+        terms.append(records.c.line == where.line)
+    if where.statuses:
+        terms.append(records.c.status.in_([s.value for s in where.statuses]))
+    if where.source:
+        terms.append(records.c.source == where.source.value)
+    if where.business_nos:
+        terms.append(records.c.business_no.in_(list(where.business_nos)))
+    return terms
 
 
 def count_records(conn: Connection, where: RecordFilter) -> int:
@@ -265,14 +277,82 @@ def count_records(conn: Connection, where: RecordFilter) -> int:
     return int(conn.execute(query).scalar_one())
 
 
-def list_records(
-    conn: Connection, where: RecordFilter, *, limit: int, after: str | None = None
-) -> list[Record]:
-    """Records matching `where`, by id, after the cursor `after` (keyset pagination)."""
-    query = filtered(select(records).order_by(records.c.id).limit(limit), where)
+def has_words(column: ColumnElement[Any], words: str) -> ColumnElement[bool]:
+    """Whether `column` holds `words` anywhere, in any case, as plain text (`%` and `_`
+    match only themselves), alike on SQLite and PostgreSQL."""
+    return column.icontains(words, autoescape=True)
+
+
+def _by_id(query: Any, *, after: str | None, newest: bool) -> Any:
+    """`query` in id order (`newest`: descending) from after the cursor `after`."""
     if after:
-        query = query.where(records.c.id > after)
+        query = query.where(records.c.id < after if newest else records.c.id > after)
+    return query.order_by(records.c.id.desc() if newest else records.c.id)
+
+
+def list_records(
+    conn: Connection,
+    where: RecordFilter,
+    *,
+    limit: int,
+    after: str | None = None,
+    newest: bool = False,
+) -> list[Record]:
+    """Records matching `where`, by id (`newest`: newest first), after the cursor `after`
+    (keyset pagination)."""
+    query = _by_id(filtered(select(records).limit(limit), where), after=after, newest=newest)
     return [Record.from_row(row) for row in conn.execute(query)]
+
+
+# How many records that have an error (and match the other filters) one page of a search
+# by an error's words reads at most: a page costs the same however large the journal and
+# however rare the words.
+ERROR_SCAN = 10_000
+
+
+@dataclass(frozen=True, kw_only=True)
+class RecordPage:
+    """A page of records, and the cursor of the next one (None: there is no more)."""
+
+    items: list[Record]
+    next: str | None
+
+
+def find_records(
+    conn: Connection,
+    where: RecordFilter,
+    *,
+    limit: int,
+    after: str | None = None,
+    newest: bool = False,
+    scan: int = ERROR_SCAN,
+) -> RecordPage:
+    """A page of `list_records`. A search by an error's words (`error_text`) reads at most
+    `scan` records with an error that match the other filters, by id from `after` through
+    the index of them: its page may hold fewer than `limit` records, none even, with a
+    cursor to go on from (the last record it read)."""
+    query = _by_id(filtered(select(records), where), after=after, newest=newest)
+    bound = _walk_end(conn, where, after=after, newest=newest, scan=scan)
+    if bound is not None:
+        query = query.where(records.c.id >= bound if newest else records.c.id <= bound)
+    found = [Record.from_row(row) for row in conn.execute(query.limit(limit + 1))]
+    if len(found) > limit:
+        return RecordPage(items=found[:limit], next=found[limit - 1].id)
+    return RecordPage(items=found, next=bound)
+
+
+def _walk_end(
+    conn: Connection, where: RecordFilter, *, after: str | None, newest: bool, scan: int
+) -> str | None:
+    """Where a page of a search by an error's words stops: the `scan`-th record with an
+    error that matches the other filters, from the cursor `after` (None: no search, or
+    fewer are left, and the walk goes to the end)."""
+    if not where.error_text:
+        return None
+    others = filtered(select(records.c.id), replace(where, error_text=None))
+    walk = _by_id(others.where(records.c.last_error.is_not(None)), after=after, newest=newest)
+    end: str | None = conn.execute(walk.offset(scan - 1).limit(1)).scalar()
+    return end
 
 
 class RecordKey(NamedTuple):
@@ -292,9 +372,7 @@ def list_record_keys(
 ) -> list[RecordKey]:
     """`list_records`, reading only each record's `RecordKey`."""
     columns = (records.c.id, records.c.line, records.c.business_no, records.c.status)
-    query = filtered(select(*columns).order_by(records.c.id).limit(limit), where)
-    if after:
-        query = query.where(records.c.id > after)
+    query = _by_id(filtered(select(*columns).limit(limit), where), after=after, newest=False)
     rows = conn.execute(query)
     return [RecordKey(i, line, no, _STATUSES[status]) for i, line, no, status in rows]
 

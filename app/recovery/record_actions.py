@@ -75,8 +75,8 @@ def check_filter(where: RecordFilter, *, bulk: bool = False) -> None:
 
 
 def _selective(where: RecordFilter) -> bool:
-    """Whether `where` leaves any record out: at least 0 attempts and an empty error
-    prefix are true of every record, so they are no filter."""
+    """Whether `where` leaves any record out: at least 0 attempts and empty error words
+    are true of every record, so they are no filter."""
     fields = describe(where)
     if fields.get("min_attempts") == 0:
         del fields["min_attempts"]
@@ -88,13 +88,14 @@ def _selective(where: RecordFilter) -> bool:
 def describe(where: RecordFilter) -> dict[str, Any]:
     """The filter's fields that select something, as the audit log keeps them."""
     fields: dict[str, Any] = {
+        "ids": list(where.ids),
         "line": where.line,
         "status": [s.value for s in where.statuses],
         "source": where.source.value if where.source else None,
         "business_no": list(where.business_nos),
         "since": where.since.isoformat() if where.since else None,
         "until": where.until.isoformat() if where.until else None,
-        "error": where.error_prefix,
+        "error": where.error_text,
         "min_attempts": where.min_attempts,
         "max_attempts": where.max_attempts,
     }

@@ -224,12 +224,12 @@ def test_a_filter_that_selects_everything_is_no_filter(harness, selection):
     assert {r.status for r in harness.records()} == {RecordStatus.FAILED}
 
 
-def test_an_empty_error_prefix_is_no_filter_either(harness):
+def test_empty_error_words_are_no_filter_either(harness):
     rt = harness.runtime()
     actions = record_actions.RecordActions(journal=rt.journal, pusher=rt.pusher, lines=rt.lines)
     with pytest.raises(InvalidFilter):
         actions.bulk(
-            store.RecordFilter(error_prefix=""),
+            store.RecordFilter(error_text=""),
             cancel=True,
             dry_run=True,
             actor="cli:test",
