@@ -41,8 +41,9 @@ from app.journal import attempt_log, audit, store
 from app.journal.commits import CommitQueue
 from app.journal.models import RecordStatus, Source
 from app.journal.store import NewRecord
+from app.observe.incidents import history
 from app.observe.metrics import CONTENT_TYPE, render
-from app.observe.telemetry import RECENT_ALERTS, Counter, IntakeOutcome, recent_alerts
+from app.observe.telemetry import RECENT_ALERTS, Counter, IntakeOutcome
 from app.recovery.replay import DEFAULT_STATUSES, ReplayFilter
 from app.runtime import Runtime
 
@@ -165,14 +166,18 @@ def alerts(
         Query(description="true: only the alerts of dry runs; false: none of them"),
     ] = None,
 ) -> dict[str, Any]:
-    """The newest alerts first (admin: they name records, business numbers and actors):
-    event, line, time, count, its reason (the message), its figures (numbers and names,
-    never an error's text) and whether a dry run raised it."""
+    """The incidents (condition alerts: `open` or `resolved`, with when they opened, were
+    last raised and resolved, and how long they lasted) and the point events (`state`
+    `event`: a record died, a replay finished…), newest change first (admin: they name
+    records, business numbers and actors). Each has its reason (the message), its figures
+    (numbers and names, never an error's text) and whether a dry run raised it."""
     try:
-        items = recent_alerts(rt.redis)
+        items = history(rt.redis)
     except BrokerUnavailable as exc:
         raise BrokerUnavailable("the alert history is unavailable") from exc
-    shown = [alert_view(item) for item in items]
+    now = utcnow()
+    shown = [alert_view(item, now=now) for item in items]
+    shown.sort(key=lambda alert: str(alert["time"] or ""), reverse=True)
     if dry_run is not None:
         shown = [alert for alert in shown if alert["dry_run"] is dry_run]
     return {"alerts": shown[:limit]}

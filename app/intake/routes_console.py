@@ -17,7 +17,7 @@ from app.clock import utcnow
 from app.errors import BrokerUnavailable, JournalUnavailable, NotFound
 from app.intake.routes import COMMON, RuntimeDep, errors_doc
 from app.observe import health, throughput
-from app.observe.health import Check
+from app.observe.health import Check, Reason
 from app.runtime import Runtime
 from app.schedules import store as schedule_store
 
@@ -84,10 +84,14 @@ def _journal_checks(rt: Runtime, now: datetime) -> tuple[Check, Check]:
 
 @router.get("/v1/health", responses=errors_doc(*COMMON))
 def get_health(rt: RuntimeDep) -> dict[str, Any]:
-    """The health of each part: Redis, the journal, the active beat (its host and how long
-    it has held the lock), the last sweep's age and the schedules' fires. Each is
-    `{name, ok, reason, …figures}`; `ok` is whether all are. Always 200: a part that fails
-    is in the answer, with why."""
+    """The page's `state` and the health of each part. `state`: `down` (Redis or the journal
+    does not answer: the pipeline cannot take or deliver), `degraded` (a line's circuit is
+    open, a line with waiting records has no live worker, a line is paused, a worker is
+    stalled, a line's backlog is past `backlog_after_seconds`, a queue is full) or `ok`;
+    `reasons`: `{code, line, message}` for each trouble found. `checks`: Redis, the journal,
+    the active beat (its host and how long it has held the lock), the last sweep's age and
+    the schedules' fires, each `{name, ok, reason, …figures}`; `ok` is whether all are.
+    Always 200: a part that fails is in the answer, with why."""
     now = utcnow()
     settings = rt.settings
     redis_check, state = _redis_check(rt)
@@ -102,11 +106,31 @@ def get_health(rt: RuntimeDep) -> dict[str, Any]:
         )
     journal, schedules = _journal_checks(rt, now)
     checks = [redis_check, journal, beat, sweep, schedules]
+    reasons = _reasons(rt, now, redis_ok=redis_check.ok, journal_ok=journal.ok)
     return {
         "time": now.isoformat(),
+        "state": health.page_state(reasons),
+        "reasons": [reason.public() for reason in reasons],
         "ok": all(check.ok for check in checks),
         "checks": [check.public() for check in checks],
     }
+
+
+def _reasons(rt: Runtime, now: datetime, *, redis_ok: bool, journal_ok: bool) -> list[Reason]:
+    """Why the page is not ok. With Redis or the journal away the pipeline is down, and the
+    lines are not read (each read would wait out the same timeout)."""
+    down = []
+    if not redis_ok:
+        down.append(Reason(code="redis_down", line=None, message="Redis does not answer"))
+    if not journal_ok:
+        down.append(Reason(code="journal_down", line=None, message="the journal does not answer"))
+    if down:
+        return down
+    try:
+        rows = rt.view.recent_statuses(now=now)
+    except JournalUnavailable:
+        return [Reason(code="journal_down", line=None, message="the journal does not answer")]
+    return health.line_reasons(rows, backlog_after_s=rt.settings.backlog_after_seconds)
 
 
 @router.get("/v1/throughput", responses=errors_doc(*COMMON))

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 
 from app.delivery.outcomes import waiting_for
 from app.journal.attempt_log import Attempt
 from app.journal.models import Record
+from app.observe.incidents import Incident, event_id
 from app.observe.line_view import LineStatus
 from app.observe.tracing import trace_id_of
 
@@ -83,11 +85,44 @@ _NOT_FIGURES = frozenset({"error"})
 MAX_FIGURE_TEXT = 128
 
 
-def alert_view(alert: dict[str, Any]) -> dict[str, Any]:
-    """An alert as `GET /v1/alerts` shows it: event, line, time, count, `reason` (and
-    `message`, the same sentence), its `figures`, and `dry_run`."""
-    details = alert.get("details")
-    details = details if isinstance(details, dict) else {}
+def alert_view(item: dict[str, Any] | Incident, *, now: datetime) -> dict[str, Any]:
+    """An incident or a point event as `GET /v1/alerts` shows it: `id`, event, line,
+    `state` (`open`, `resolved`, or `event` for a point event), `opened_at`, `updated_at`,
+    `resolved_at`, `duration_s` (to `now` while open; None for an event), count, `reason`
+    (and `message`, the same sentence), its `figures`, `dry_run`, and `time` (when it
+    last changed)."""
+    if isinstance(item, Incident):
+        details = item.details
+        changed = item.resolved_at or item.updated_at
+        shown: dict[str, Any] = {
+            "id": item.id,
+            "event": item.event.value,
+            "line": item.line,
+            "state": "open" if item.is_open else "resolved",
+            "opened_at": item.opened_at.isoformat(),
+            "updated_at": item.updated_at.isoformat(),
+            "resolved_at": item.resolved_at.isoformat() if item.resolved_at else None,
+            "duration_s": item.duration_s(now=now),
+            "time": changed.isoformat(),
+            "count": item.count,
+            "message": item.message,
+        }
+    else:
+        raw = item.get("details")
+        details = raw if isinstance(raw, dict) else {}
+        shown = {
+            "id": event_id(item),
+            "event": item.get("event"),
+            "line": item.get("line"),
+            "state": "event",
+            "opened_at": item.get("time"),
+            "updated_at": item.get("time"),
+            "resolved_at": None,
+            "duration_s": None,
+            "time": item.get("time"),
+            "count": item.get("count"),
+            "message": item.get("message"),
+        }
     figures = {
         key: value
         for key, value in details.items()
@@ -98,12 +133,8 @@ def alert_view(alert: dict[str, Any]) -> dict[str, Any]:
         )
     }
     return {
-        "event": alert.get("event"),
-        "line": alert.get("line"),
-        "time": alert.get("time"),
-        "count": alert.get("count"),
-        "message": alert.get("message"),
-        "reason": alert.get("message"),
+        **shown,
+        "reason": shown["message"],
         "figures": figures,
         "dry_run": details.get("dry_run") is True,
     }

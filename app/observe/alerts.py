@@ -1,20 +1,44 @@
-"""Raising alerts: one structured log line and a message to each webhook,
-throttled per (event, line). Sending happens on a background thread from a bounded buffer:
-raising an alert never blocks, never raises, and a slow webhook costs the caller nothing."""
+"""Raising alerts: one structured log line and a message to each webhook. Sending happens
+on a background thread from a bounded buffer: raising an alert never blocks, never raises,
+and a slow webhook (or a slow Redis) costs the caller nothing.
+
+Two kinds of alert (`app.observe.incidents.CONDITIONS`):
+
+- a condition (no live worker, a backlog, an open circuit, Redis or the journal away…) is
+  an incident per (event, line), kept in Redis where every process sees it: the message
+  goes out once, when it opens; raising it again while it is open only counts it; the
+  monitor resolves it (`settle`) when it finds the condition no longer true, and that
+  sends one `RESOLVED` message. While Redis does not answer, the process holds the
+  incidents it raised itself and stores them once Redis is back.
+- a point event (a record died, a replay finished…) is sent at most once per (event, line)
+  per `alert_window_seconds`, with how many events were folded into it; the folded tail is
+  sent when its window closes."""
 
 from __future__ import annotations
 
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
-from datetime import datetime
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
 from typing import Any
 
 import httpx
+import redis
 
 from app.logs import get_logger
 from app.observe.events import AlertEvent, Event
+from app.observe.incidents import (
+    CONDITIONS,
+    BookFull,
+    Incident,
+    IncidentBook,
+    Key,
+    event_id,
+    new_incident,
+    touched,
+)
 from app.observe.telemetry import Counter, Telemetry
 from app.observe.throttle import Throttle
 from app.observe.webhooks import build_request
@@ -28,8 +52,58 @@ WEBHOOK_TIMEOUT_S = 5.0
 FLUSH_INTERVAL_S = 0.5
 
 
+# The log line's own fields: a detail of the same name is left out of it.
+_LOG_FIELDS = frozenset({"event", "alert", "line", "count", "message"})
+
+
+@dataclass
+class _Touch:
+    """A condition raised (`count` times) since the sender last wrote it to Redis."""
+
+    count: int
+    time: datetime
+    message: str
+    details: dict[str, Any]
+
+
+def opening_alert(incident: Incident) -> AlertEvent:
+    """The message an incident sends when it opens."""
+    return AlertEvent(
+        event=incident.event,
+        line=incident.line,
+        time=incident.opened_at,
+        count=1,
+        message=incident.message,
+        details={**incident.details, "incident_id": incident.id},
+    )
+
+
+def resolved_alert(incident: Incident) -> AlertEvent:
+    """The `RESOLVED` message of a resolved incident: its event, line and duration."""
+    at = incident.resolved_at or incident.updated_at
+    duration = incident.duration_s(now=at)
+    where = f" on {incident.line!r}" if incident.line else ""
+    return AlertEvent(
+        event=Event.RESOLVED,
+        line=incident.line,
+        time=at,
+        count=1,
+        message=f"{incident.event.value}{where} resolved after {duration:.0f} s "
+        f"(open since {incident.opened_at.isoformat()}, raised {incident.count} times)",
+        details={
+            "incident": incident.event.value,
+            "incident_id": incident.id,
+            "opened_at": incident.opened_at.isoformat(),
+            "resolved_at": at.isoformat(),
+            "duration_s": duration,
+            "raised": incident.count,
+        },
+    )
+
+
 class Alerter:
-    """Throttles, logs and sends alerts of one process."""
+    """Keeps the incidents, throttles the point events, logs and sends both, for one
+    process."""
 
     def __init__(
         self,
@@ -41,6 +115,14 @@ class Alerter:
         self._hooks = list(settings.alert_webhooks)
         self._clock = clock
         self._telemetry = telemetry
+        self._book = IncidentBook(telemetry.client) if telemetry is not None else None
+        # An incident resolves only when not raised for this long: half a monitor run,
+        # so the monitor's own raise of the run before never holds it open, while one
+        # raised by another process just now does.
+        self._quiet_s = settings.monitor_interval_seconds / 2
+        # An incident held while Redis was away and not raised for this long is forgotten:
+        # the monitor would have resolved it by now had Redis known of it.
+        self._held_for_s = settings.monitor_interval_seconds * 2
         self._throttle = Throttle(window_s=settings.alert_window_seconds)
         self._buffer: deque[AlertEvent] = deque()
         self._buffer_size = settings.alert_buffer_size
@@ -50,22 +132,57 @@ class Alerter:
         self._thread: threading.Thread | None = None
         self._closing = False
         self._in_flight = 0
+        # Conditions raised and verdicts given, waiting for the sender to write them.
+        self._touches: dict[Key, _Touch] = {}
+        self._settles: list[tuple[frozenset[Key], datetime]] = []
+        self._working = 0
+        # Incidents this process opened while Redis did not answer (the sender's alone).
+        self._held: dict[Key, Incident] = {}
 
     def raise_event(self, event: Event, *, line: str | None, message: str, **details: Any) -> None:
-        """Report `event`. Never raises, never waits on a webhook."""
+        """Report `event`. Never raises, never waits on a webhook or on Redis."""
         try:
             now = self._clock()
-            alert = AlertEvent(
-                event=event, line=line, time=now, count=1, message=message, details=details
-            )
             if self._telemetry is not None:
                 self._telemetry.count(Counter.ALERTS, event=event.value, line=line or "")
             with self._lock:
-                count = self._throttle.offer((event, line), alert, now_s=time.monotonic())
-                if count is not None:
-                    self._emit(AlertEvent(**{**alert.__dict__, "count": count}))
+                if event in CONDITIONS:
+                    key = (event, line)
+                    pending = self._touches.get(key)
+                    count = 1 + (pending.count if pending else 0)
+                    self._touches[key] = _Touch(
+                        count=count, time=now, message=message, details=details
+                    )
+                    self._start()
+                    self._wake.notify()
+                    return
+                alert = AlertEvent(
+                    event=event, line=line, time=now, count=1, message=message, details=details
+                )
+                count_now = self._throttle.offer((event, line), alert, now_s=time.monotonic())
+                if count_now is not None:
+                    self._emit(replace(alert, count=count_now))
         except Exception:
             log.exception("alert_failed", alert=str(event))
+
+    def settle(self, *, judged: Iterable[Key], present: Iterable[Key]) -> None:
+        """The monitor's verdict of one run: of the conditions it `judged`, those not
+        `present` are no longer true, and their open incidents resolve (unless raised
+        within the last half monitor interval). Never raises, never waits."""
+        try:
+            cleared = frozenset(judged) - frozenset(present)
+            with self._lock:
+                self._settles.append((cleared, self._clock()))
+                self._start()
+                self._wake.notify()
+        except Exception:
+            log.exception("alert_settle_failed")
+
+    def _start(self) -> None:
+        """Start the sender. Holds the lock."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="alerts", daemon=True)
+            self._thread.start()
 
     def _emit(self, alert: AlertEvent) -> None:
         """Log `alert` and queue it for the webhooks. Holds the lock."""
@@ -75,23 +192,20 @@ class Alerter:
             line=alert.line,
             count=alert.count,
             message=alert.message,
-            **alert.details,
+            **{key: value for key, value in alert.details.items() if key not in _LOG_FIELDS},
         )
-        if self._telemetry is not None:
-            self._telemetry.note_alert(
-                {
-                    "event": alert.event.value,
-                    "line": alert.line,
-                    "time": alert.time.isoformat(),
-                    "count": alert.count,
-                    "message": alert.message,
-                    "details": alert.details,
-                }
-            )
-        if self._thread is None:
-            # Also without webhooks: it releases the folded counts of closed windows.
-            self._thread = threading.Thread(target=self._run, name="alerts", daemon=True)
-            self._thread.start()
+        if self._telemetry is not None and alert.event not in CONDITIONS | {Event.RESOLVED}:
+            event = {
+                "event": alert.event.value,
+                "line": alert.line,
+                "time": alert.time.isoformat(),
+                "count": alert.count,
+                "message": alert.message,
+                "details": alert.details,
+            }
+            self._telemetry.note_alert({"id": event_id(event), **event})
+        # Also without webhooks: it releases the folded counts of closed windows.
+        self._start()
         if not self._hooks:
             return
         if len(self._buffer) >= self._buffer_size:
@@ -103,9 +217,9 @@ class Alerter:
     def _run(self) -> None:
         with httpx.Client(timeout=WEBHOOK_TIMEOUT_S, follow_redirects=False) as client:
             while True:
+                if self._keep_pending():
+                    continue
                 with self._lock:
-                    for _key, last, count in self._throttle.due(now_s=time.monotonic()):
-                        self._emit(AlertEvent(**{**last.__dict__, "count": count}))
                     if not self._buffer:
                         if self._closing:
                             return
@@ -115,17 +229,135 @@ class Alerter:
                     dropped, self._dropped = self._dropped, 0
                     self._in_flight += 1
                 if dropped:
-                    alert = AlertEvent(
-                        **{
-                            **alert.__dict__,
-                            "details": {**alert.details, "dropped_alerts": dropped},
-                        }
-                    )
+                    alert = replace(alert, details={**alert.details, "dropped_alerts": dropped})
                 try:
                     self._send(client, alert)
                 finally:
                     with self._lock:
                         self._in_flight -= 1
+
+    # The incidents: the sender's thread alone runs these.
+
+    def _keep_pending(self) -> bool:
+        """Release the folded counts of closed windows, write the conditions raised and
+        resolve what the verdicts cleared; returns whether there was any to write."""
+        with self._lock:
+            for _key, last, count in self._throttle.due(now_s=time.monotonic()):
+                self._emit(replace(last, count=count))
+            touches, self._touches = self._touches, {}
+            settles, self._settles = self._settles, []
+            if not (touches or settles):
+                return False
+            self._working += 1
+        alerts: list[AlertEvent] = []
+        try:
+            alerts = self._keep(touches, settles)
+        except Exception:
+            log.exception("incidents_failed")
+        finally:
+            with self._lock:
+                try:
+                    for alert in alerts:
+                        self._emit(alert)
+                except Exception:
+                    log.exception("alert_emit_failed")
+                self._working -= 1
+        return True
+
+    def _keep(
+        self, touches: dict[Key, _Touch], settles: list[tuple[frozenset[Key], datetime]]
+    ) -> list[AlertEvent]:
+        """Write the conditions raised, then resolve what the verdicts cleared; returns the
+        messages to send."""
+        alerts = [alert for key, touch in touches.items() for alert in self._touch(key, touch)]
+        self._hand_over(skip=touches.keys())
+        for cleared, at in settles:
+            alerts += self._resolve(cleared, at=at)
+        return alerts
+
+    def _hand_over(self, *, skip: Iterable[Key]) -> None:
+        """Store the incidents held while Redis was away (but those of `skip`, just
+        written), so that the monitor can resolve them."""
+        if self._book is None:
+            return
+        for key in self._held.keys() - set(skip):
+            held = self._held[key]
+            try:
+                self._book.touch(
+                    key,
+                    count=0,
+                    message=held.message,
+                    details=held.details,
+                    now=held.updated_at,
+                    held=held,
+                )
+            except (redis.RedisError, BookFull):
+                return
+            del self._held[key]
+
+    def _touch(self, key: Key, touch: _Touch) -> list[AlertEvent]:
+        held = self._held.get(key)
+        if held is not None and (touch.time - held.updated_at).total_seconds() > self._held_for_s:
+            del self._held[key]
+            held = None
+        if self._book is not None:
+            try:
+                incident, opened = self._book.touch(
+                    key,
+                    count=touch.count,
+                    message=touch.message,
+                    details=touch.details,
+                    now=touch.time,
+                    held=held,
+                )
+            except (redis.RedisError, BookFull) as exc:
+                log.debug("incident_not_stored", incident=key[0].value, error=type(exc).__name__)
+            else:
+                self._held.pop(key, None)
+                return [opening_alert(incident)] if opened and held is None else []
+        if held is not None:
+            self._held[key] = touched(
+                held,
+                count=touch.count,
+                message=touch.message,
+                details=touch.details,
+                now=touch.time,
+            )
+            return []
+        incident = new_incident(
+            key, count=touch.count, message=touch.message, details=touch.details, now=touch.time
+        )
+        self._held[key] = incident
+        return [opening_alert(incident)]
+
+    def _resolve(self, cleared: frozenset[Key], *, at: datetime) -> list[AlertEvent]:
+        quiet_since = at - timedelta(seconds=self._quiet_s)
+        alerts = []
+        for key in cleared & self._held.keys():
+            incident = self._held[key]
+            if incident.updated_at > quiet_since:
+                continue
+            resolved = replace(self._held.pop(key), resolved_at=at)
+            if self._book is not None:
+                try:
+                    self._book.remember_resolved(resolved)
+                except redis.RedisError as exc:
+                    log.debug(
+                        "incident_not_stored", incident=key[0].value, error=type(exc).__name__
+                    )
+            alerts.append(resolved_alert(resolved))
+        if self._book is None or not cleared:
+            return alerts
+        try:
+            for incident in self._book.open_incidents():
+                if incident.key not in cleared or incident.updated_at > quiet_since:
+                    continue
+                gone = self._book.resolve(incident.key, now=at, quiet_since=quiet_since)
+                if gone is not None:
+                    alerts.append(resolved_alert(gone))
+        except redis.RedisError as exc:
+            log.debug("incidents_not_resolved", error=type(exc).__name__)
+        return alerts
 
     def _send(self, client: httpx.Client, alert: AlertEvent) -> None:
         for hook in self._hooks:
@@ -142,21 +374,23 @@ class Alerter:
                 log.warning("alert_webhook_failed", kind=hook.kind.value, error=type(exc).__name__)
 
     def flush(self, *, timeout_s: float = 5.0) -> bool:
-        """Wait (at most `timeout_s`) until every queued alert was handed to the webhooks."""
+        """Wait (at most `timeout_s`) until every condition raised was written and every
+        queued alert was handed to the webhooks."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             with self._lock:
-                if not self._buffer and not self._in_flight:
+                idle = not (self._touches or self._settles or self._working)
+                if idle and not self._buffer and not self._in_flight:
                     return True
             time.sleep(0.02)
         return False
 
     def close(self, *, timeout_s: float = 2.0) -> None:
-        """Send what is queued and what was folded into windows still open (bounded by
-        `timeout_s`), then stop the sender."""
+        """Write the conditions raised, send what is queued and what was folded into
+        windows still open (bounded by `timeout_s`), then stop the sender."""
         with self._lock:
             for _key, last, count in self._throttle.drain():
-                self._emit(AlertEvent(**{**last.__dict__, "count": count}))
+                self._emit(replace(last, count=count))
             self._closing = True
             self._wake.notify()
         if self._thread is not None:

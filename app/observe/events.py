@@ -24,6 +24,8 @@ class Event(StrEnum):
     REPLAY_FINISHED = "REPLAY_FINISHED"
     WORKER_STALLED = "WORKER_STALLED"
     DOWNSTREAM_DOWN = "DOWNSTREAM_DOWN"
+    # An incident (a condition alert) is over: `details.incident` names its event.
+    RESOLVED = "RESOLVED"
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -5,7 +5,11 @@ the schedules' fires. Each is a `Check`: ok or not, and a sentence saying why.
 The active beat says what it is doing in two Redis keys beside its lock: who is active
 and since when (`note_active_beat`, every tick, expiring with the lock), and when its last
 sweep finished (`note_sweep`). Writing them never fails the beat. The decisions are pure
-functions over what was read (`beat_check`, `sweep_check`, `schedules_check`)."""
+functions over what was read (`beat_check`, `sweep_check`, `schedules_check`).
+
+Above the checks, the page's state (`page_state`): `down`, `degraded` or `ok`, with the
+reasons (`Reason`) that say why, judged from the lines' status as the monitor judges its
+alerts."""
 
 from __future__ import annotations
 
@@ -18,6 +22,9 @@ from typing import Any
 import redis
 
 from app.logs import get_logger
+from app.observe.events import Event
+from app.observe.line_view import LineStatus
+from app.observe.monitor import check_line, more_findings
 from app.redis_client import as_text
 from app.schedules.store import Schedule
 
@@ -192,3 +199,56 @@ def schedules_check(schedules: Sequence[Schedule], *, now: datetime) -> Check:
     return Check(
         name="schedules", ok=True, reason=f"{len(enabled)} enabled, {when}", figures=figures
     )
+
+
+# The page's state: `down` when the pipeline cannot take or deliver (Redis or the journal
+# does not answer), `degraded` when a line is in trouble, `ok` otherwise.
+OK, DEGRADED, DOWN = "ok", "degraded", "down"
+DOWN_CODES = frozenset({"redis_down", "journal_down"})
+# What each condition alert of a line is called among the page's reasons.
+REASON_CODES = {
+    Event.NO_CONSUMER: "no_live_workers",
+    Event.BACKLOG: "backlog",
+    Event.DOWNSTREAM_DOWN: "circuit_open",
+    Event.WORKER_STALLED: "stalled_worker",
+    Event.QUEUE_FULL: "queue_full",
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Reason:
+    """Why the page is not ok: a code, the line it concerns (None: the pipeline), and a
+    sentence."""
+
+    code: str
+    line: str | None
+    message: str
+
+    def public(self) -> dict[str, Any]:
+        return {"code": self.code, "line": self.line, "message": self.message}
+
+
+def line_reasons(rows: Sequence[LineStatus], *, backlog_after_s: float) -> list[Reason]:
+    """The lines' troubles, judged as the monitor judges its alerts (`check_line`,
+    `more_findings`), and a paused line."""
+    reasons = []
+    for row in rows:
+        if row.pause is not None:
+            by = f" by {row.pause.actor}" if row.pause.actor else ""
+            reasons.append(
+                Reason(code="paused", line=row.line, message=f"{row.line!r} is paused{by}")
+            )
+        findings = [*check_line(row, backlog_after_s=backlog_after_s), *more_findings(row)]
+        reasons += [
+            Reason(code=REASON_CODES[finding.event], line=row.line, message=finding.message)
+            for finding in findings
+            if finding.event in REASON_CODES
+        ]
+    return reasons
+
+
+def page_state(reasons: Sequence[Reason]) -> str:
+    """`down`, `degraded` or `ok`, from the reasons found."""
+    if any(reason.code in DOWN_CODES for reason in reasons):
+        return DOWN
+    return DEGRADED if reasons else OK

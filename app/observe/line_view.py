@@ -118,10 +118,20 @@ class LineView:
     clock: Callable[[], float] = time.monotonic
     journal_lifetime_s: float = JOURNAL_VIEW_LIFETIME_S
     _journal: Recent[JournalView] = field(init=False, repr=False, compare=False)
+    _statuses: Recent[list[LineStatus]] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        # frozen: set once, here
         recent = Recent[JournalView](lifetime_s=self.journal_lifetime_s, clock=self.clock)
-        object.__setattr__(self, "_journal", recent)  # frozen: set once, here
+        object.__setattr__(self, "_journal", recent)
+        statuses = Recent[list[LineStatus]](lifetime_s=self.journal_lifetime_s, clock=self.clock)
+        object.__setattr__(self, "_statuses", statuses)
+
+    def recent_statuses(self, *, now: datetime) -> list[LineStatus]:
+        """`line_statuses`, computed at most once a `journal_lifetime_s` however many ask
+        (the console's page state, polled every 2 s by each open console): the ages are
+        those of when they were computed."""
+        return self._statuses.get(lambda: self.line_statuses(now=now))
 
     def journal_view(self) -> JournalView:
         """Counts by status and oldest unfinished record, per line, as read at most

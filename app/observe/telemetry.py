@@ -1,5 +1,6 @@
 """What every process of the pipeline reports for the operator's view: counters (intake
-outcomes, records done and dead, sweeper re-enqueues, alerts raised) and the last alerts.
+outcomes, records done and dead, sweeper re-enqueues, alerts raised) and the last point
+events among the alerts (the incidents are kept by `app.observe.incidents`).
 
 Each process adds to local counts, which one background thread folds into Redis every
 second (`HINCRBY` on one hash, pipelined), so `/metrics` on any intake sums every process
@@ -108,6 +109,11 @@ class Telemetry:
         self._thread: threading.Thread | None = None
         self._closing = False
 
+    @property
+    def client(self) -> redis.Redis:
+        """The Redis this process reports to."""
+        return self._client
+
     def count(self, counter: Counter, amount: int = 1, **labels: str) -> None:
         """Add `amount` to one series. Never raises, never waits on Redis."""
         if amount <= 0:
@@ -122,7 +128,8 @@ class Telemetry:
             self._ensure_thread()
 
     def note_alert(self, alert: dict[str, Any]) -> None:
-        """Keep `alert` (event, line, time, count, message, details) for the console."""
+        """Keep the point event `alert` (id, event, line, time, count, message, details) for
+        the console."""
         with self._lock:
             self._alerts.append(json.dumps(alert, default=str))
             self._ensure_thread()

@@ -1,16 +1,17 @@
-"""Alerts reach a recording webhook on 127.0.0.1: folded per window, signed, never blocking."""
+"""Alerts reach a recording webhook on 127.0.0.1: a condition once per incident, point
+events folded per window, signed, never blocking."""
 
 from __future__ import annotations
 
 import base64
 import hashlib
 import hmac
-import itertools
 import json
 import time
 
 import pytest
 
+from app.observe.events import Event
 from tests.support.processes import wait_for
 from tests.support.recorder import Recorder, SilentServer
 
@@ -54,32 +55,45 @@ def messages(recorder: Recorder, path: str, event: str) -> list:
     return found
 
 
-def test_a_queue_kept_full_yields_one_queue_full_per_window_with_the_folded_count(harness, hooks):
+def test_a_queue_kept_full_is_one_queue_full_incident_counting_every_overflow(harness, hooks):
     harness.configure(lines__order__max_queue_length="1", lines__order__overflow="reject")
     client = harness.start_intake()
     assert client.post("/v1/order", json={"business_no": "FILL"}).status_code == 202
     overflows = 0
     started = time.monotonic()
-    while time.monotonic() - started < WINDOW_S * 3:
+    while time.monotonic() - started < WINDOW_S * 2:
         response = client.post("/v1/order", json={"business_no": f"X-{overflows}"})
         assert response.status_code == 429
         overflows += 1
-        time.sleep(0.01)  # paces the posts that keep the queue full for three windows
+        time.sleep(0.01)  # paces the posts that keep the queue full for two windows
 
-    # The tail of the last window is released once that window closes.
+    # A condition is an incident: one message when it opens, every later overflow only
+    # counted on it (no beat runs here, so nothing resolves it).
     def all_counted() -> bool:
-        return sum(m.body["count"] for m in messages(hooks, "/generic", "QUEUE_FULL")) >= overflows
+        alerts = client.get("/v1/alerts").json()["alerts"]
+        found = [a for a in alerts if a["event"] == "QUEUE_FULL"]
+        return bool(found) and found[0]["count"] == overflows
 
-    wait_for(all_counted, timeout_s=WINDOW_S * 4, what="the folded counts to arrive")
-    generic = messages(hooks, "/generic", "QUEUE_FULL")
-    assert sum(m.body["count"] for m in generic) == overflows
-    assert 3 <= len(generic) <= 5
-    assert max(m.body["count"] for m in generic) > 1
-    gaps = [b.at_s - a.at_s for a, b in itertools.pairwise(generic)]
-    assert all(gap >= WINDOW_S * 0.8 for gap in gaps), gaps
-    first = generic[0]
+    wait_for(all_counted, timeout_s=10, what="every overflow counted on the incident")
+    (incident,) = [
+        a for a in client.get("/v1/alerts").json()["alerts"] if a["event"] == "QUEUE_FULL"
+    ]
+    assert incident["state"] == "open"
+    assert incident["line"] == "order"
+    assert incident["resolved_at"] is None
+    assert incident["duration_s"] >= WINDOW_S
+    # The incident is written before its message goes out: that may still be on its way.
+    wait_for(lambda: messages(hooks, "/generic", "QUEUE_FULL"), timeout_s=10, what="the message")
+    (first,) = messages(hooks, "/generic", "QUEUE_FULL")
     assert first.body["line"] == "order"
-    assert first.body["details"] == {"depth": 1, "limit": 1, "policy": "reject"}
+    assert first.body["count"] == 1
+    assert first.body["details"] == {
+        "depth": 1,
+        "limit": 1,
+        "policy": "reject",
+        "incident_id": incident["id"],
+    }
+    generic = [first]
     expected = hmac.new(GENERIC_SECRET.encode(), first.raw, hashlib.sha256).hexdigest()
     assert first.headers["x-signature"] == expected
 
@@ -108,6 +122,24 @@ def test_a_queue_kept_full_yields_one_queue_full_per_window_with_the_folded_coun
     slack = messages(hooks, "/slack", "QUEUE_FULL")
     assert len(slack) == len(generic)
     assert slack[0].body["text"].startswith("QUEUE_FULL [order]")
+
+
+def test_a_burst_of_deaths_is_folded_into_one_message_per_window(harness, hooks):
+    # Point events are not incidents: the first goes at once, the rest of its window are
+    # folded into one message when the window closes, with how many they were.
+    rt = harness.runtime()
+    for n in range(500):
+        rt.alerts.raise_event(
+            Event.TASK_DEAD, line="refund", message=f"record R{n} is dead", record_id=f"R{n}"
+        )
+
+    def all_counted() -> bool:
+        return sum(m.body["count"] for m in messages(hooks, "/generic", "TASK_DEAD")) >= 500
+
+    wait_for(all_counted, timeout_s=WINDOW_S * 4, what="the folded count")
+    dead = messages(hooks, "/generic", "TASK_DEAD")
+    assert [m.body["count"] for m in dead] == [1, 499]
+    assert dead[1].at_s - dead[0].at_s >= WINDOW_S * 0.8
 
 
 def test_a_dead_record_yields_task_dead_with_its_id_and_business_no(harness, hooks):
@@ -154,14 +186,20 @@ def test_stopping_the_order_worker_with_work_waiting_yields_no_consumer(harness,
     for n in range(3):
         assert client.post("/v1/order", json={"business_no": f"WAIT-{n}"}).status_code == 202
 
-    def all_three_reported() -> bool:
-        alerts = messages(hooks, "/generic", "NO_CONSUMER")
-        return any(m.body["details"]["waiting"] >= 3 for m in alerts)
+    def all_three_counted() -> bool:
+        alerts = client.get("/v1/alerts").json()["alerts"]
+        found = [a for a in alerts if a["event"] == "NO_CONSUMER"]
+        return bool(found) and found[0]["figures"]["waiting"] >= 3
 
-    wait_for(all_three_reported, timeout_s=60, what="NO_CONSUMER with the 3 records waiting")
+    # One incident: one message when it opens (it may count one, two or three records),
+    # then the monitor's runs update its figures, without a message each.
+    wait_for(all_three_counted, timeout_s=60, what="NO_CONSUMER with the 3 records waiting")
     assert time.monotonic() - stopped_at < 60
+    # The incident is written before its message goes out: that may still be on its way.
+    wait_for(lambda: messages(hooks, "/generic", "NO_CONSUMER"), timeout_s=10, what="the message")
     alerts = messages(hooks, "/generic", "NO_CONSUMER")
-    assert {m.body["line"] for m in alerts} == {"order"}
+    assert len(alerts) == 1
+    assert alerts[0].body["line"] == "order"
 
 
 def test_a_webhook_that_never_answers_costs_the_intake_nothing(harness):
