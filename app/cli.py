@@ -10,17 +10,26 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.table import Table
+from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
 
 from app.cli_audit import audit
 from app.cli_bench import bench
 from app.cli_lines import add_line_commands
+from app.cli_output import (
+    JsonOpt,
+    check_journal_exists,
+    is_missing_tables,
+    no_journal_message,
+    print_json,
+    show,
+    table,
+)
 from app.cli_records import records_cli
 from app.cli_schedules import schedules_cli, settings_for_command
 from app.cli_send import send
 from app.clock import as_utc
-from app.errors import AdminNotConfigured, ConfigError, PipelineError
+from app.errors import AdminNotConfigured, ConfigError, JournalUnavailable, PipelineError
 from app.journal.models import RecordStatus
 from app.logs import get_logger
 from app.priority import lower_priority
@@ -57,11 +66,38 @@ def admin_closed_notice(settings: Settings) -> str | None:
     return AdminNotConfigured().message
 
 
+def say_if_journal_unreachable(url: str) -> None:
+    """At a component's start, one warning when its (server) journal does not answer: the
+    component runs through the outage (the intake answers 503, a worker's messages are
+    requeued), and the warning names PIPELINE_DATABASE_URL and what was tried."""
+    from app.journal.engine import journal_failure_message, make_engine  # noqa: PLC0415
+
+    if make_url(url).get_backend_name() == "sqlite":
+        return  # opened by `refuse_unsafe_journal`
+    engine = make_engine(url, pool_size=1)
+    try:
+        with engine.connect():
+            pass
+    except SQLAlchemyError as exc:
+        message = f"{journal_failure_message(url, exc)}; running on, waiting for it"
+        log.warning("journal_unreachable", message=message)
+    finally:
+        engine.dispose()
+
+
 @cli.command()
 def up(
     workdir: Annotated[
         Path, typer.Option(help="Where the log file (up.log) and the embedded Redis's files go.")
     ] = Path(".pipeline"),
+    share_redis: Annotated[
+        bool,
+        typer.Option(
+            "--share-redis",
+            help="Use a Redis database that holds another application's keys (refused "
+            "otherwise); as PIPELINE_REDIS_SHARED=true.",
+        ),
+    ] = False,
 ) -> None:
     """Run the whole stack in the foreground; Ctrl-C stops it all."""
     from app.intake.exposure import check_bind_host  # noqa: PLC0415
@@ -83,7 +119,8 @@ def up(
     notice = admin_closed_notice(settings)
     if notice is not None:
         notices.append(f"admin: {notice}")
-    raise typer.Exit(run_stack(settings, workdir=workdir.resolve(), notices=notices))
+    code = run_stack(settings, workdir=workdir.resolve(), notices=notices, share_redis=share_redis)
+    raise typer.Exit(code)
 
 
 @cli.command()
@@ -104,6 +141,7 @@ def intake(
     bind = host or settings.intake_host
     check_bind_host(settings, bind)
     refuse_unsafe_journal(settings.database_url)
+    say_if_journal_unreachable(settings.database_url)
     app = create_app(settings)  # refuses no keys without dev mode; says so in dev mode
     notice = admin_closed_notice(settings)
     if notice is not None:
@@ -158,6 +196,7 @@ def worker(
     settings = _settings()
     spec = LineRegistry.from_settings(settings).get(line)
     refuse_unsafe_journal(settings.database_url)
+    say_if_journal_unreachable(settings.database_url)
     lower_priority(settings.nice, component=f"worker {line}")
     celery = create_celery(settings)
     pool = pool or ("threads" if spec.http_sink else "prefork")
@@ -215,6 +254,7 @@ def beat(
     settings = _settings()
     LineRegistry.from_settings(settings)
     refuse_unsafe_journal(settings.database_url)
+    say_if_journal_unreachable(settings.database_url)
     lower_priority(settings.nice, component="beat")
     create_celery(settings).start(
         [
@@ -249,17 +289,24 @@ def flower(
 
 
 @cli.command()
-def status() -> None:
-    """Show each line: queue depth / bound, policy, journal counts, oldest unfinished age."""
+def status(as_json: JsonOpt = False) -> None:
+    """Show each line: queue depth / bound, policy, journal counts, oldest unfinished age
+    (with --json: `GET /v1/lines`'s answer)."""
     from app.clock import utcnow  # noqa: PLC0415
+    from app.intake.views import line_status_view  # noqa: PLC0415
     from app.runtime import Runtime  # noqa: PLC0415
 
-    rt = Runtime.build(_settings())
+    settings = _settings()
+    check_journal_exists(settings.database_url)
+    rt = Runtime.build(settings)
     try:
         rows = rt.view.line_statuses(now=utcnow())
     finally:
         rt.close()
-    table = Table(
+    if as_json:
+        print_json({"lines": [line_status_view(row) for row in rows]})
+        return
+    lines = table(
         "line",
         "records / bound (messages)",
         "policy",
@@ -278,8 +325,8 @@ def status() -> None:
         age = "-" if row.oldest_unfinished_age_s is None else f"{row.oldest_unfinished_age_s:.0f}s"
         live = "?" if row.live_workers is None else str(row.live_workers)
         paused = "-" if row.pause is None else f"paused by {row.pause.actor}"
-        table.add_row(row.line, depth_text, row.overflow, live, counts, age, paused)
-    Console().print(table)
+        lines.add_row(row.line, depth_text, row.overflow, live, counts, age, paused)
+    show(lines)
 
 
 def _time_option(value: str | None, name: str) -> datetime | None:
@@ -309,8 +356,10 @@ def replay(
     ] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Count, change nothing.")] = False,
     reason: Annotated[str | None, typer.Option(help="Why, for the audit log.")] = None,
+    as_json: JsonOpt = False,
 ) -> None:
-    """Put records that did not finish back on their queues, skipping what downstream has."""
+    """Put records that did not finish back on their queues, skipping what downstream has
+    (with --json: the counts as `POST /v1/replay` answers them)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn  # noqa: PLC0415
 
     from app.clock import utcnow  # noqa: PLC0415
@@ -325,13 +374,15 @@ def replay(
         business_nos=business_no or (),
         statuses=status or DEFAULT_STATUSES,
     )
-    rt = Runtime.build(_settings())
+    settings = _settings()
+    check_journal_exists(settings.database_url)
+    rt = Runtime.build(settings)
     try:
         if line is not None:
             rt.lines.get(line)
         total = rt.replayer.count_matching(where)
         columns = (TextColumn("replay"), BarColumn(), MofNCompleteColumn())
-        with Progress(*columns, console=Console(stderr=True)) as progress:
+        with Progress(*columns, console=Console(stderr=True), disable=as_json) as progress:
             task = progress.add_task("replay", total=total)
             counts = rt.replayer.replay(
                 where,
@@ -344,7 +395,20 @@ def replay(
         rt.alerts.flush(timeout_s=5)
     finally:
         rt.close()
-    table = Table(
+    if as_json:
+        print_json(
+            {
+                "matched": counts.matched,
+                "enqueued": counts.enqueued,
+                "deferred": counts.deferred,
+                "skipped_already_done": counts.skipped_done,
+                "skipped_already_synced": counts.skipped_synced,
+                "skipped_in_flight": counts.skipped_in_flight,
+                "dry_run": dry_run,
+            }
+        )
+        return
+    counted = table(
         "matched",
         "enqueued",
         "deferred",
@@ -352,7 +416,7 @@ def replay(
         "skipped (downstream has)",
         "skipped (in flight)",
     )
-    table.add_row(
+    counted.add_row(
         str(counts.matched),
         str(counts.enqueued),
         str(counts.deferred),
@@ -360,7 +424,7 @@ def replay(
         str(counts.skipped_synced),
         str(counts.skipped_in_flight),
     )
-    Console().print(table)
+    show(counted)
     if dry_run:
         print("dry run: nothing was changed")
 
@@ -402,11 +466,31 @@ def main() -> None:
         print(f"pipeline: configuration error: {exc}", file=sys.stderr)
         sys.exit(2)
     except PipelineError as exc:
-        print(f"pipeline: {exc}", file=sys.stderr)
+        cause = exc.__cause__
+        if isinstance(exc, JournalUnavailable) and isinstance(cause, SQLAlchemyError):
+            # The journal's own words, with its URL (password hidden) and what was tried.
+            print(f"pipeline: {_journal_failure(cause)}", file=sys.stderr)
+        else:
+            print(f"pipeline: {exc}", file=sys.stderr)
         sys.exit(1)
     except SQLAlchemyError as exc:
-        print(f"pipeline: journal unavailable: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(f"pipeline: {_journal_failure(exc)}", file=sys.stderr)
         sys.exit(1)
+
+
+def _journal_failure(exc: SQLAlchemyError) -> str:
+    """What a command says of a journal error: no journal yet (a database without its
+    tables), or the journal's URL, what was tried and what the database said."""
+    from app.journal.engine import journal_failure_message  # noqa: PLC0415
+    from app.settings import load_settings  # noqa: PLC0415
+
+    try:
+        url = load_settings().database_url
+    except ConfigError:
+        return f"the journal database failed: {type(exc).__name__}"
+    if is_missing_tables(exc):
+        return no_journal_message(make_url(url).render_as_string(hide_password=True))
+    return journal_failure_message(url, exc)
 
 
 if __name__ == "__main__":

@@ -6,9 +6,8 @@ import json
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
+from app.cli_output import JsonOpt, column, journal_engine, print_json, show, table
 from app.cli_schedules import settings_for_command
 from app.ids import is_id
 
@@ -33,30 +32,38 @@ def audit(
     after: Annotated[
         str | None, typer.Option(help="The cursor a previous page printed: older rows.")
     ] = None,
+    as_json: JsonOpt = False,
 ) -> None:
     """Show operator actions (replays, retries, cancels, pauses, schedule changes), newest
-    first, with who did them; then the cursor of the next page."""
+    first, with who did them; then the cursor of the next page (with --json:
+    `GET /v1/audit`'s answer, `items` and `next`)."""
     from app.journal import audit as log  # noqa: PLC0415
-    from app.journal.engine import make_engine  # noqa: PLC0415
     from app.journal.journal import Journal  # noqa: PLC0415
 
     if after is not None and not is_id(after):
         raise typer.BadParameter("not a cursor of the audit log", param_hint="--after")
-    engine = make_engine(settings_for_command().database_url)
+    engine = journal_engine(settings_for_command().database_url)
     try:
         with Journal(engine).reading("audit log read") as conn:
             entries = log.newest(conn, limit=limit + 1, before=after)
     finally:
         engine.dispose()
     page = entries[:limit]
-    table = Table(expand=True)
-    for header in ("time", "actor", "action"):
-        table.add_column(header, no_wrap=True)
+    cursor = page[-1].id if len(entries) > limit else None
+    if as_json:
+        print_json({"items": [entry.public() for entry in page], "next": cursor})
+        return
     # Folded, never cut: an id or a count cut short would mislead.
-    for header, ratio in (("target", 2), ("params", 4), ("result", 3), ("reason", 2)):
-        table.add_column(header, overflow="fold", ratio=ratio)
+    rows = table(
+        *(column(header) for header in ("time", "actor", "action")),
+        *(
+            column(header, ratio=ratio)
+            for header, ratio in (("target", 2), ("params", 4), ("result", 3), ("reason", 2))
+        ),
+        expand=True,
+    )
     for entry in page:
-        table.add_row(
+        rows.add_row(
             entry.at.strftime("%Y-%m-%dT%H:%M:%SZ"),
             entry.actor,
             entry.action.value,
@@ -65,8 +72,8 @@ def audit(
             _compact(entry.result),
             entry.reason or "-",
         )
-    Console().print(table)
-    if len(entries) > limit:
-        print(f"next page: pipeline audit --after {page[-1].id}")
+    show(rows)
+    if cursor:
+        print(f"next page: pipeline audit --after {cursor}")
     else:
         print("no older entries")

@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from app.cli_output import check_journal_exists
 from app.cli_schedules import settings_for_command
 
 LineArgument = Annotated[str, typer.Argument(help="The business line.")]
@@ -29,7 +30,9 @@ def _act(action: str, line: str, reason: str | None) -> None:
     from app.journal.audit import cli_actor  # noqa: PLC0415
     from app.runtime import Runtime  # noqa: PLC0415
 
-    rt = Runtime.build(settings_for_command())
+    settings = settings_for_command()
+    check_journal_exists(settings.database_url)
+    rt = Runtime.build(settings)
     try:
         act = rt.pauser.pause if action == "pause" else rt.pauser.resume
         state = act(line, actor=cli_actor(), reason=reason, now=utcnow())

@@ -9,9 +9,18 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.table import Column, Table
+from rich.table import Table
 from rich.text import Text
 
+from app.cli_output import (
+    JsonOpt,
+    check_journal_exists,
+    column,
+    journal_engine,
+    print_json,
+    show,
+    table,
+)
 from app.cli_schedules import settings_for_command
 from app.clock import as_utc
 from app.delivery.outcomes import waiting_for
@@ -28,8 +37,9 @@ records_cli = typer.Typer(
     help="Journal records: find them, retry them, cancel them.", no_args_is_help=True
 )
 
-# How much of a record's last error a table row shows.
-ERROR_COLUMN_CHARS = 40
+# A record's id, and how wide a terminal shows it whole in a table of records.
+ID_LENGTH = 26
+WHOLE_ID_WIDTH = 100
 _STYLE = {
     RecordStatus.DEAD: "bold red",
     RecordStatus.FAILED: "yellow",
@@ -46,7 +56,10 @@ BusinessNoOpt = Annotated[
 SinceOpt = Annotated[str | None, typer.Option(help="Created at or after (ISO 8601).")]
 UntilOpt = Annotated[str | None, typer.Option(help="Created before (ISO 8601).")]
 ErrorOpt = Annotated[
-    str | None, typer.Option("--error", help="Last error begins with this text (no wildcards).")
+    str | None,
+    typer.Option(
+        "--error", help="Last error holds these words anywhere, in any case (no wildcards)."
+    ),
 ]
 MinAttemptsOpt = Annotated[int | None, typer.Option(min=0, help="At least this many attempts.")]
 MaxAttemptsOpt = Annotated[int | None, typer.Option(min=0, help="At most this many attempts.")]
@@ -79,7 +92,7 @@ def _filter(options: Mapping[str, Any]) -> RecordFilter:
         business_nos=options["business_no"] or (),
         since=_time(options["since"], "--since"),
         until=_time(options["until"], "--until"),
-        error_prefix=options["error"] or None,
+        error_text=options["error"] or None,
         min_attempts=options["min_attempts"],
         max_attempts=options["max_attempts"],
     )
@@ -89,10 +102,12 @@ def _filter(options: Mapping[str, Any]) -> RecordFilter:
 
 def _records_table(items: list[Record]) -> Table:
     """A table of records. Cells are plain `Text`: a business number or an error that looks
-    like rich markup (`[red]`) is shown as it is."""
-    table = Table(
-        # Whole, however narrow the terminal: an id is copied into the next command.
-        Column("id", no_wrap=True, min_width=26),
+    like rich markup (`[red]`) is shown as it is. The error is shown whole, folded onto
+    more lines: its end (the status code, the downstream's answer) says the most."""
+    shown = table(
+        # Whole where the terminal has room for it and the rest: an id is copied into the
+        # next command. Narrower, it folds too (a table wider than the terminal is cut).
+        column("id", min_width=ID_LENGTH if Console().width >= WHOLE_ID_WIDTH else None),
         "line",
         "business no",
         "status",
@@ -102,9 +117,7 @@ def _records_table(items: list[Record]) -> Table:
     )
     for r in items:
         error = (r.last_error or "-").replace("\n", " ")
-        if len(error) > ERROR_COLUMN_CHARS:
-            error = error[: ERROR_COLUMN_CHARS - 1] + "…"
-        table.add_row(
+        shown.add_row(
             Text(r.id),
             Text(r.line),
             Text(r.business_no),
@@ -113,7 +126,7 @@ def _records_table(items: list[Record]) -> Table:
             Text(error),
             Text(r.created_at.strftime("%Y-%m-%dT%H:%M:%SZ")),
         )
-    return table
+    return shown
 
 
 @records_cli.command("list")
@@ -131,22 +144,31 @@ def records_list(  # noqa: PLR0913 - one argument per option
     failed: FailedOpt = False,
     limit: Annotated[int, typer.Option(min=1, max=1000, help="Records per page.")] = 50,
     after: Annotated[str | None, typer.Option(help="The cursor a previous page printed.")] = None,
+    as_json: JsonOpt = False,
 ) -> None:
-    """List records by id, a page at a time; prints the cursor of the next page."""
-    from app.journal import store  # noqa: PLC0415
-    from app.journal.engine import make_engine  # noqa: PLC0415
+    """List records by id, a page at a time; prints the cursor of the next page (with
+    --json: `GET /v1/records`'s answer, `items` and `next`)."""
+    from app.intake.views import record_view  # noqa: PLC0415
+    from app.journal import attempt_log, store  # noqa: PLC0415
     from app.journal.journal import Journal  # noqa: PLC0415
 
     where = _filter(locals())
-    engine = make_engine(settings_for_command().database_url)
+    engine = journal_engine(settings_for_command().database_url)
     try:
         with Journal(engine).reading() as conn:
-            items = store.list_records(conn, where, limit=limit + 1, after=after)
+            page = store.find_records(conn, where, limit=limit, after=after)
+            last = attempt_log.last_attempts(conn, [r.id for r in page.items]) if as_json else {}
     finally:
         engine.dispose()
-    page = items[:limit]
-    Console().print(_records_table(page))
-    print(f"next: {page[-1].id}" if len(items) > limit else "next: none (last page)")
+    if as_json:
+        items = [
+            record_view(r) | {"last_attempt": a.summary() if (a := last.get(r.id)) else None}
+            for r in page.items
+        ]
+        print_json({"items": items, "next": page.next})
+        return
+    show(_records_table(page.items))
+    print(f"next: {page.next}" if page.next else "next: none (last page)")
 
 
 def _reason(value: str | None) -> str | None:
@@ -165,8 +187,10 @@ def _act(
     cancel: bool,
     dry_run: bool,
     reason: str | None,
+    as_json: bool,
 ) -> None:
-    """Retry (or cancel) one record, or those `where` selects, and print what was done."""
+    """Retry (or cancel) one record, or those `where` selects, and print what was done
+    (`as_json`: as the HTTP API answers the same action)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn  # noqa: PLC0415
 
     from app.clock import utcnow  # noqa: PLC0415
@@ -177,7 +201,9 @@ def _act(
     if record_id is not None and (describe(where) or dry_run):
         raise typer.BadParameter("name a record id or filters, not both; --dry-run is for filters")
     verb = "cancel" if cancel else "retry"
-    rt = Runtime.build(settings_for_command())
+    settings = settings_for_command()
+    check_journal_exists(settings.database_url)
+    rt = Runtime.build(settings)
     try:
         actions = RecordActions(
             journal=rt.journal, pusher=rt.pusher, lines=rt.lines, paused=rt.paused
@@ -188,12 +214,19 @@ def _act(
                 record = actions.cancel(record_id, actor=actor, reason=reason or "", now=now)
             else:
                 record = actions.retry(record_id, actor=actor, reason=reason, now=now)
-            Console().print(_records_table([record]))
+            if as_json:
+                from app.intake.views import record_view  # noqa: PLC0415
+
+                print_json(record_view(record))
+            else:
+                show(_records_table([record]))
             return
         if where.line is not None and not cancel:
             rt.lines.get(where.line)  # a retry pushes: its line must be configured
         columns = (TextColumn(verb), BarColumn(), MofNCompleteColumn())
-        with Progress(*columns, console=Console(stderr=True), disable=dry_run) as progress:
+        with Progress(
+            *columns, console=Console(stderr=True), disable=dry_run or as_json
+        ) as progress:
             task = progress.add_task(verb, total=actions.selected(where, cancel=cancel))
             counts = actions.bulk(
                 where,
@@ -206,9 +239,30 @@ def _act(
             )
     finally:
         rt.close()
-    Console().print(_counts_table(counts, cancel=cancel))
+    if as_json:
+        print_json(_counts_document(counts, cancel=cancel))
+        return
+    show(_counts_table(counts, cancel=cancel))
     if dry_run:
         print("dry run: nothing was changed")
+
+
+def _counts_document(counts: BulkCounts, *, cancel: bool) -> dict[str, Any]:
+    """A bulk action's counts as `POST /v1/records/retry` (or `/cancel`) answers them."""
+    document: dict[str, Any] = {
+        "dry_run": counts.dry_run,
+        "matched": counts.matched,
+        "cancelled" if cancel else "retried": counts.acted,
+        "skipped_status": counts.skipped_status,
+        "skipped_in_flight": counts.skipped_in_flight,
+    }
+    if not cancel:
+        document |= {
+            "enqueued": None if counts.dry_run else counts.enqueued,
+            "deferred": None if counts.dry_run else counts.deferred,
+            "skipped_unknown_line": counts.skipped_unknown_line,
+        }
+    return document
 
 
 def _counts_table(counts: BulkCounts, *, cancel: bool) -> Table:
@@ -220,9 +274,9 @@ def _counts_table(counts: BulkCounts, *, cancel: bool) -> Table:
     if not cancel and not counts.dry_run:
         heads += ["enqueued", "deferred (queue full)", "skipped (unknown line)"]
         cells += [counts.enqueued, counts.deferred, counts.skipped_unknown_line]
-    table = Table(*heads)
-    table.add_row(*(str(cell) for cell in cells))
-    return table
+    counted = table(*heads)
+    counted.add_row(*(str(cell) for cell in cells))
+    return counted
 
 
 @records_cli.command("retry")
@@ -241,10 +295,11 @@ def records_retry(  # noqa: PLR0913 - one argument per option
     failed: FailedOpt = False,
     reason: Annotated[str | None, typer.Option(help="Why, for the audit log.")] = None,
     dry_run: DryRunOpt = False,
+    as_json: JsonOpt = False,
 ) -> None:
     """Put failed, dead or rejected records back on their queues now (one, or by filter)."""
     where = _filter(locals())
-    _act(record_id, where, cancel=False, dry_run=dry_run, reason=_reason(reason))
+    _act(record_id, where, cancel=False, dry_run=dry_run, reason=_reason(reason), as_json=as_json)
 
 
 @records_cli.command("cancel")
@@ -263,34 +318,41 @@ def records_cancel(  # noqa: PLR0913 - one argument per option
     dead: DeadOpt = False,
     failed: FailedOpt = False,
     dry_run: DryRunOpt = False,
+    as_json: JsonOpt = False,
 ) -> None:
     """Cancel unfinished records: final, never delivered (one by id, or by filter)."""
     where = _filter(locals())
-    _act(record_id, where, cancel=True, dry_run=dry_run, reason=_reason(reason))
+    _act(record_id, where, cancel=True, dry_run=dry_run, reason=_reason(reason), as_json=as_json)
 
 
 @records_cli.command("show")
 def records_show(
     record_id: Annotated[str, typer.Argument(help="The record's id.")],
+    as_json: JsonOpt = False,
 ) -> None:
-    """Show a record and its attempts, oldest first. Exits 1 when there is no such record."""
+    """Show a record and its attempts, oldest first (with --json: `GET /v1/records/{id}`'s
+    answer). Exits 1 when there is no such record."""
     from app.errors import RecordNotFound  # noqa: PLC0415
-    from app.journal import attempt_log, store  # noqa: PLC0415
-    from app.journal.engine import make_engine  # noqa: PLC0415
+    from app.intake.routes import RECORD_AUDIT_ROWS  # noqa: PLC0415
+    from app.intake.views import record_view  # noqa: PLC0415
+    from app.journal import attempt_log, audit, store  # noqa: PLC0415
     from app.journal.journal import Journal  # noqa: PLC0415
 
-    engine = make_engine(settings_for_command().database_url)
+    engine = journal_engine(settings_for_command().database_url)
     try:
         with Journal(engine).reading() as conn:
             record = store.get_record(conn, record_id)
             history = attempt_log.history(conn, record_id) if record is not None else []
+            target = f"record:{record_id}"
+            rows = audit.newest(conn, limit=RECORD_AUDIT_ROWS, target=target) if record else []
     finally:
         engine.dispose()
     if record is None:
         raise RecordNotFound(f"no record {record_id!r}")
-    console = Console()
-    console.print(_record_fields(record))
-    console.print(_attempts_table(history))
+    if as_json:
+        print_json(record_view(record, history) | {"audit": [row.public() for row in rows]})
+        return
+    show(_record_fields(record), _attempts_table(history))
 
 
 def _status_text(record: Record) -> Text:
@@ -309,7 +371,7 @@ def _iso(value: datetime | None) -> str:
 def _record_fields(record: Record) -> Table:
     """The record's fields, one a row (not its payload: `GET /v1/records/{id}` shows it).
     Cells are plain `Text`, as in `_records_table`."""
-    table = Table("field", "value", title=f"record {record.id}")
+    fields = table("field", "value", title=f"record {record.id}")
     rows = {
         "line": record.line,
         "business no": record.business_no,
@@ -324,13 +386,13 @@ def _record_fields(record: Record) -> Table:
         "trace id": trace_id_of(record.traceparent) or "-",
     }
     for name, value in rows.items():
-        table.add_row(name, Text(value))
-    return table
+        fields.add_row(name, Text(value))
+    return fields
 
 
 def _attempts_table(history: list[Attempt]) -> Table:
     """One row per attempt, oldest first; plain `Text` cells."""
-    table = Table(
+    attempts = table(
         "#",
         "started",
         "finished",
@@ -353,5 +415,5 @@ def _attempts_table(history: list[Attempt]) -> Table:
             f"{attempt.duration_ms} ms",
             error,
         )
-        table.add_row(*(Text(cell) for cell in cells))
-    return table
+        attempts.add_row(*(Text(cell) for cell in cells))
+    return attempts

@@ -6,9 +6,8 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
+from app.cli_output import JsonOpt, journal_engine, print_json, show, table
 from app.journal.audit import Action
 from app.logs import configure_logging
 from app.settings import Settings, load_settings
@@ -33,20 +32,26 @@ _DONE = {
 
 
 @schedules_cli.command("list")
-def schedules_list() -> None:
-    """Show every schedule."""
-    from app.journal.engine import make_engine  # noqa: PLC0415
+def schedules_list(as_json: JsonOpt = False) -> None:
+    """Show every schedule (with --json: `GET /v1/schedules`'s answer)."""
+    from app.clock import utcnow  # noqa: PLC0415
     from app.schedules import store as schedules  # noqa: PLC0415
 
-    engine = make_engine(_settings().database_url)
+    engine = journal_engine(_settings().database_url)
     try:
         with engine.connect() as conn:
             rows = schedules.list_all(conn)
     finally:
         engine.dispose()
-    table = Table("name", "cron", "timezone", "line", "enabled", "misfire", "last fire", "next")
+    if as_json:
+        from app.intake.routes_schedules import schedule_view  # noqa: PLC0415
+
+        now = utcnow()
+        print_json({"items": [schedule_view(row, now=now) for row in rows]})
+        return
+    listed = table("name", "cron", "timezone", "line", "enabled", "misfire", "last fire", "next")
     for row in rows:
-        table.add_row(
+        listed.add_row(
             row.name,
             row.cron,
             row.timezone,
@@ -56,7 +61,7 @@ def schedules_list() -> None:
             row.last_fire_at.isoformat() if row.last_fire_at else "-",
             row.next_fire_at.isoformat() if row.next_fire_at else "-",
         )
-    Console().print(table)
+    show(listed)
 
 
 @schedules_cli.command("add")
@@ -75,7 +80,6 @@ def schedules_add(
     """Add (or, with --replace, change) a schedule. Beat picks it up within seconds."""
     from app.clock import utcnow  # noqa: PLC0415
     from app.journal import audit  # noqa: PLC0415
-    from app.journal.engine import make_engine  # noqa: PLC0415
     from app.lines import LineRegistry  # noqa: PLC0415
     from app.schedules import store as schedules  # noqa: PLC0415
 
@@ -91,7 +95,7 @@ def schedules_add(
     )
     if catchup_window < 0:
         raise typer.BadParameter("must be 0 or more", param_hint="--catchup-window")
-    engine = make_engine(settings.database_url)
+    engine = journal_engine(settings.database_url)
     try:
         with engine.begin() as conn:
             now = utcnow()
@@ -133,10 +137,9 @@ def schedules_add(
 def _schedule_change(name: str, action: Action) -> None:
     from app.clock import utcnow  # noqa: PLC0415
     from app.journal import audit  # noqa: PLC0415
-    from app.journal.engine import make_engine  # noqa: PLC0415
     from app.schedules import store as schedules  # noqa: PLC0415
 
-    engine = make_engine(_settings().database_url)
+    engine = journal_engine(_settings().database_url)
     try:
         with engine.begin() as conn:
             now = utcnow()

@@ -177,6 +177,10 @@ class Settings(BaseSettings):
     redis_connect_timeout_seconds: float = Field(default=2, ge=0)
     redis_socket_keepalive: bool = True
     redis_retry_on_timeout: bool = True
+    # `pipeline up` refuses a Redis database that holds keys of another application (they
+    # would sit beside the pipeline's queues, and a flush of either would take both) unless
+    # this is set (or `pipeline up --share-redis`).
+    redis_shared: bool = False
     # Celery's soft shutdown: a stopped worker finishes or re-queues what it holds.
     worker_soft_shutdown_seconds: float = Field(default=10, ge=0)
     flower_host: str = "127.0.0.1"

@@ -214,6 +214,31 @@ def _sqlite_engine(url: str) -> Engine:
     return engine
 
 
+def journal_failure_message(url: str, exc: BaseException) -> str:
+    """One line for an operator about a journal that failed: the setting's name, its URL
+    with the password hidden, what was tried, and the database's own first line (never a
+    traceback, never the password)."""
+    parsed = make_url(url)
+    shown = parsed.render_as_string(hide_password=True)
+    if parsed.get_backend_name() == "sqlite":
+        tried = f"opening the SQLite file {parsed.database}"
+    else:
+        where = f"{parsed.host or 'localhost'}:{parsed.port or 5432}"
+        tried = (
+            f"connecting to {where}, database {parsed.database!r}, as user "
+            f"{parsed.username!r}, for up to {PG_CONNECT_TIMEOUT_S} s"
+        )
+    cause = getattr(exc, "orig", None) or exc
+    lines = [line.strip() for line in str(cause).splitlines() if line.strip()]
+    said = lines[0] if lines else type(cause).__name__
+    if parsed.password:
+        said = said.replace(str(parsed.password), "***")
+    return (
+        f"the journal database failed: PIPELINE_DATABASE_URL={shown}; tried {tried}: "
+        f"{type(cause).__name__}: {said}"
+    )
+
+
 def refuse_unsafe_journal(url: str) -> None:
     """Open one connection to a SQLite journal and close it, so that a journal which cannot
     be made power-safe stops a long-running component at its start (`ConfigError`) rather

@@ -1,10 +1,12 @@
 """`pipeline up`: the whole stack as child processes of one foreground command.
 
-Before anything starts, its ports are checked (`app.local.ports`). Then, in order: the
-embedded Redis (when nothing answers at the URL), the journal's migrations, the intake, one
-worker per line and beat; Flower once every worker answers a ping (its first inspect
-would otherwise find none and warn); and one ready banner once all of them answer. Every
-child's output comes back through a pipe, each line after the child's name
+Before anything starts, its ports are checked (`app.local.ports`), and a Redis that answers
+at the URL, which it did not start, is said so on stderr and refused when its database holds
+another application's keys, unless told to share it (`app.local.shared_redis`). Then, in
+order: the embedded Redis (when nothing answers at the URL), the journal's migrations, the
+intake, one worker per line and beat; Flower once every worker answers a ping (its first
+inspect would otherwise find none and warn); and one ready banner once all of them answer.
+Every child's output comes back through a pipe, each line after the child's name
 (`app.local.output`), to the terminal and to one log file.
 
 Each child runs in its own session (so a terminal's Ctrl-C reaches only us) and is stopped
@@ -23,14 +25,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
+from redis import RedisError
 from sqlalchemy.engine import make_url
 
+from app.errors import BrokerUnavailable, ConfigError
 from app.local.banner import Banner, http_url
 from app.local.embedded_redis import RedisServer, answers
 from app.local.flower import generated_basic_auth
 from app.local.output import SUPERVISOR, Output
 from app.local.ports import check_ports, ports_of
 from app.local.readiness import http_answers, worker_nodename, workers_answering
+from app.local.shared_redis import foreign_keys, refusal
 from app.redis_client import masked_url
 from app.settings import Settings
 
@@ -152,8 +157,8 @@ class Stack:
             self.say(f"redis embedded server at {shown} (pid {self.redis.pid})")
             redis_said = f"embedded at {shown}: in memory, gone when this stops"
         else:
-            self.say(f"redis using the server at {shown}")
-            redis_said = shown
+            self.say(f"redis: {not_ours_notice(self.settings.redis_url)}")
+            redis_said = f"{shown}: NOT started by pipeline up, shared with whatever else uses it"
         self._migrate()
         flower_auth = self.settings.flower_basic_auth
         if flower_auth is None:
@@ -262,11 +267,40 @@ class Stack:
             self.redis.stop()
 
 
-def run_stack(settings: Settings, *, workdir: Path, notices: list[str]) -> int:
+def not_ours_notice(url: str) -> str:
+    """What `pipeline up` says, loudly, of a Redis it did not start."""
+    return (
+        f"using a Redis that pipeline up did NOT start, at {masked_url(url)}: its data and "
+        "its life are another's (stopping pipeline up does not stop it)"
+    )
+
+
+def check_shared_redis(settings: Settings, *, shared: bool) -> None:
+    """Before using a Redis it did not start: refuse (`ConfigError`) a database that holds
+    another application's keys unless `shared`, and say on stderr whose Redis it uses."""
+    url = settings.redis_url
+    if not shared:
+        try:
+            found = foreign_keys(url, settings.lines)
+        except RedisError as exc:
+            raise BrokerUnavailable(f"redis at {masked_url(url)}: {exc}") from exc
+        if found.count:
+            raise ConfigError(refusal(url, found))
+    shared_said = " (shared knowingly: --share-redis or PIPELINE_REDIS_SHARED)" if shared else ""
+    print(f"pipeline up: warning: {not_ours_notice(url)}{shared_said}", file=sys.stderr)
+
+
+def run_stack(
+    settings: Settings, *, workdir: Path, notices: list[str], share_redis: bool = False
+) -> int:
     """Run the stack in the foreground until SIGINT or SIGTERM. Raises `ConfigError`, before
-    starting anything, when one of its ports is taken."""
+    starting anything, when one of its ports is taken, or when a Redis it did not start
+    holds another application's keys and `share_redis` (or `PIPELINE_REDIS_SHARED`) is not
+    set."""
     redis = None
-    if not answers(settings.redis_url):
+    if answers(settings.redis_url):
+        check_shared_redis(settings, shared=share_redis or settings.redis_shared)
+    else:
         redis = RedisServer.for_url(settings.redis_url, workdir=workdir)
     check_ports(ports_of(settings, embedded_redis_port=None if redis is None else redis.port))
 
