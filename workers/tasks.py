@@ -18,9 +18,10 @@ from celery.signals import worker_process_shutdown, worker_shutdown
 
 from app.admission.push import TASK_NAME, TRACEPARENTS_HEADER
 from app.celery_app import pipeline_settings
-from app.delivery.outcomes import AttemptResult
+from app.delivery.outcomes import NOT_ATTEMPTED, AttemptResult, WaitingFor, waiting_for
 from app.errors import JournalUnavailable
 from app.journal import store
+from app.journal.models import Record
 from app.lines import Line
 from app.logs import get_logger
 from app.observe.tracing import trace_id_of
@@ -79,10 +80,12 @@ def _flush_spans(**_kwargs: Any) -> None:
 
 
 class AttemptFailed(Exception):
-    """An attempt of a record of the message failed: its outcome (`failed`, with its retry
-    due, or `dead`) is already committed in the journal, which owns the retry; or its
-    outcome was ignored, the record having been taken over by another attempt. Raised so
-    that Celery's task events, and Flower, show the task as failed, with the error; the
+    """A record of the message was not delivered: an attempt failed (its outcome, `failed`
+    with its retry due or `dead`, is already committed in the journal, which owns the
+    retry), its outcome was ignored (another attempt took the record over), or no attempt
+    started and it waits as `failed`, no attempt spent, for its downstream (its line's
+    circuit is open, or its downstream asked to wait) or for room under its line's limits.
+    Raised so that Celery's task events, and Flower, show the task as failed, with why; the
     message is acked all the same (`acks_on_failure_or_timeout`), never requeued or
     retried by Celery, and the worker logs it as expected (`throws`), without a traceback."""
 
@@ -102,7 +105,8 @@ MAX_FAILURE_TEXT = 2000
 def process(self: Task[Any, Any], record_ids: str | list[str]) -> str | list[str | None] | None:
     """Run one attempt of each record of the message: one id, or a batch of them (a line's
     `batch_size`). Returns each record's new status, or None where there was nothing to run.
-    Raises `AttemptFailed`, once every outcome is committed, when an attempt failed.
+    Raises `AttemptFailed`, once every outcome is committed, when an attempt failed or
+    records were postponed (no attempt spent: they wait for their downstream or for room).
 
     A message of a paused line starts no attempt: its records wait in the journal
     (`app.admission.pause.hold_back`) and it is acked.
@@ -125,9 +129,10 @@ def process(self: Task[Any, Any], record_ids: str | list[str]) -> str | list[str
         time.sleep(JOURNAL_RETRY_PAUSE_S)
         raise Reject(str(exc), requeue=True) from exc
     found = [by_id.get(record_id) or AttemptResult(record_id=record_id) for record_id in ids]
-    failed = [result for result in found if result.failed]
-    if failed:
-        raise AttemptFailed("; ".join(_failure(result) for result in failed)[:MAX_FAILURE_TEXT])
+    failures = [_failure(result) for result in found if result.failed]
+    failures += _postponed(rt, [result.record_id for result in found if result.record is None])
+    if failures:
+        raise AttemptFailed("; ".join(failures)[:MAX_FAILURE_TEXT])
     statuses = [result.status.value if result.status else None for result in found]
     return statuses[0] if isinstance(record_ids, str) else statuses
 
@@ -156,6 +161,32 @@ def _failure(result: AttemptResult) -> str:
         f"{record.line} {record.business_no} (record {record.id}) attempt {record.attempts} "
         f"{outcome}, record {became}: {result.error}"
     )
+
+
+def _postponed(rt: Runtime, not_run: list[str]) -> list[str]:
+    """Of the records of `not_run` (no attempt of them ran), those that wait as `failed`
+    without an attempt spent, for their downstream or for room (`waiting_for`), as the
+    task's error shows them: how many wait for what, why, and which records. Nothing when
+    the journal does not answer: the records' own status says it."""
+    if not not_run:
+        return []
+    waiting: dict[tuple[WaitingFor, str], list[Record]] = {}
+    try:
+        with rt.journal.reading("the records a message did not run") as conn:
+            for record_id in not_run:
+                record = store.get_record(conn, record_id)
+                why = waiting_for(record) if record is not None else None
+                if record is not None and why is not None:
+                    reason = (record.last_error or "").removeprefix(NOT_ATTEMPTED)
+                    waiting.setdefault((why, reason), []).append(record)
+    except JournalUnavailable as exc:
+        log.warning("postponed_unread", record_ids=not_run[:10], error=str(exc))
+        return []
+    return [
+        f"postponed: {len(records)}, waiting for {why.value} (no attempt spent): {reason}: "
+        + ", ".join(f"{r.line} {r.business_no} (record {r.id})" for r in records)
+        for (why, reason), records in waiting.items()
+    ]
 
 
 def _by_line(
