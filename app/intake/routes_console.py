@@ -87,11 +87,12 @@ def get_health(rt: RuntimeDep) -> dict[str, Any]:
     """The page's `state` and the health of each part. `state`: `down` (Redis or the journal
     does not answer: the pipeline cannot take or deliver), `degraded` (a line's circuit is
     open, a line with waiting records has no live worker, a line is paused, a worker is
-    stalled, a line's backlog is past `backlog_after_seconds`, a queue is full) or `ok`;
-    `reasons`: `{code, line, message}` for each trouble found. `checks`: Redis, the journal,
-    the active beat (its host and how long it has held the lock), the last sweep's age and
-    the schedules' fires, each `{name, ok, reason, …figures}`; `ok` is whether all are.
-    Always 200: a part that fails is in the answer, with why."""
+    stalled, a line's backlog is past `backlog_after_seconds`, a queue is full, no beat is
+    active, the sweep or a schedule is late) or `ok`; `reasons`: `{code, line, message}` for
+    each trouble found. `checks`: Redis, the journal, the active beat (its host and how long
+    it has held the lock), the last sweep's age and the schedules' fires, each `{name, ok,
+    reason, …figures}`; `ok` is whether all are. Always 200: a part that fails is in the
+    answer, with why."""
     now = utcnow()
     settings = rt.settings
     redis_check, state = _redis_check(rt)
@@ -106,7 +107,7 @@ def get_health(rt: RuntimeDep) -> dict[str, Any]:
         )
     journal, schedules = _journal_checks(rt, now)
     checks = [redis_check, journal, beat, sweep, schedules]
-    reasons = _reasons(rt, now, redis_ok=redis_check.ok, journal_ok=journal.ok)
+    reasons = _reasons(rt, now, checks)
     return {
         "time": now.isoformat(),
         "state": health.page_state(reasons),
@@ -116,21 +117,33 @@ def get_health(rt: RuntimeDep) -> dict[str, Any]:
     }
 
 
-def _reasons(rt: Runtime, now: datetime, *, redis_ok: bool, journal_ok: bool) -> list[Reason]:
+# A failing check of these makes the page degraded: without an active beat nothing sweeps,
+# monitors or fires; a late sweep leaves deferred and lost records where they are; a late
+# schedule has missed its fire.
+_DEGRADING_CHECKS = {"beat": "beat_down", "sweep": "sweep_late", "schedules": "schedules_late"}
+
+
+def _reasons(rt: Runtime, now: datetime, checks: list[Check]) -> list[Reason]:
     """Why the page is not ok. With Redis or the journal away the pipeline is down, and the
     lines are not read (each read would wait out the same timeout)."""
-    down = []
-    if not redis_ok:
-        down.append(Reason(code="redis_down", line=None, message="Redis does not answer"))
-    if not journal_ok:
-        down.append(Reason(code="journal_down", line=None, message="the journal does not answer"))
+    failed = {check.name: check for check in checks if not check.ok}
+    down = [
+        Reason(code=f"{name}_down", line=None, message=failed[name].reason)
+        for name in ("redis", "journal")
+        if name in failed
+    ]
     if down:
         return down
     try:
         rows = rt.view.recent_statuses(now=now)
     except JournalUnavailable:
         return [Reason(code="journal_down", line=None, message="the journal does not answer")]
-    return health.line_reasons(rows, backlog_after_s=rt.settings.backlog_after_seconds)
+    parts = [
+        Reason(code=code, line=None, message=failed[name].reason)
+        for name, code in _DEGRADING_CHECKS.items()
+        if name in failed
+    ]
+    return parts + health.line_reasons(rows, backlog_after_s=rt.settings.backlog_after_seconds)
 
 
 @router.get("/v1/throughput", responses=errors_doc(*COMMON))

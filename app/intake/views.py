@@ -28,7 +28,7 @@ def record_view(
     size (`payload_bytes`). With `history` (the record's attempts, oldest first), it shows
     them as `attempt_history`; `attempts` stays their count. `trace_id`: the trace of the
     request that brought the record in, when it was traced. Without `include_payload`,
-    the payload itself is left out (the console never shows it)."""
+    the payload itself is left out (a list of many records is lighter without it)."""
     view: dict[str, Any] = {
         "id": record.id,
         "line": record.line,

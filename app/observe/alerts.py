@@ -89,7 +89,7 @@ def resolved_alert(incident: Incident) -> AlertEvent:
         time=at,
         count=1,
         message=f"{incident.event.value}{where} resolved after {duration:.0f} s "
-        f"(open since {incident.opened_at.isoformat()}, raised {incident.count} times)",
+        f"(open since {incident.opened_at:%Y-%m-%dT%H:%M:%SZ}, raised {incident.count} times)",
         details={
             "incident": incident.event.value,
             "incident_id": incident.id,

@@ -1,12 +1,16 @@
 """The operator's console driven in headless Chromium against a real intake, Redis,
-journal, worker and beat: a dead record followed from its alert to its detail, to a retry,
-to `done`; a bulk cancel with its dry run first; a pause and a resume; and the page at
-desktop and phone width, with trouble shown. Each saves its screenshots as artifacts."""
+journal, worker and beat: a dead record followed from its alert to its view, to a retry,
+to `done`; a cancel of a Dead list's records with its dry run first; a pause and a resume;
+and the page at desktop and phone width, with trouble shown. Each saves its screenshots as
+artifacts. (The addresses, lists and banner: test_console_views.py.)"""
 
 from __future__ import annotations
 
 import pytest
-from selenium.common.exceptions import StaleElementReferenceException
+from selenium.common.exceptions import (
+    ElementNotInteractableException,
+    StaleElementReferenceException,
+)
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import Select
 from sqlalchemy import update
@@ -55,8 +59,8 @@ def click(driver, css: str, *, keyboard: bool = False) -> None:
                 element.send_keys("\n")
             else:
                 element.click()
-        except StaleElementReferenceException:
-            continue
+        except (StaleElementReferenceException, ElementNotInteractableException):
+            continue  # redrawn meanwhile (a node taken out is not interactable either)
         else:
             return
     raise AssertionError(f"{css} was redrawn ten times in a row while clicked")
@@ -68,6 +72,10 @@ def open_console(browser, client, *, size=DESKTOP) -> str:
     browser.get(base + "/")
     wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#lines [data-line]"), "the lines")
     return base
+
+
+def d_record(driver, css: str) -> str:
+    return attr_of(driver, css, "data-record")
 
 
 def record_status(client, record_id: str) -> str:
@@ -119,16 +127,18 @@ def test_a_dead_record_goes_from_its_alert_to_its_detail_to_a_retry_to_done(
         wait(browser, lambda d: "failed 2" in text_of(d, chart), "the failed attempts charted")
         shoot(browser, artifacts, "1-dead-alert")
 
-        click(browser, f'{alert_css} button.open-record[data-record="{record_id}"]')
-        wait(browser, lambda d: d.find_element(By.ID, "detail").is_displayed(), "the detail")
+        click(browser, f'{alert_css} a.open-record[data-record="{record_id}"]')
+        wait(browser, lambda d: d.current_url.endswith(f"#/records/{record_id}"), "its address")
+        wait(browser, lambda d: d.find_element(By.ID, "detail").is_displayed(), "the record")
         detail = browser.find_element(By.ID, "detail")
+        wait(browser, lambda d: detail.get_attribute("data-status") == "dead", "its status")
         assert detail.get_attribute("data-status") == "dead"
         assert browser.switch_to.active_element == detail  # focus follows, for the keyboard
         attempts = browser.find_elements(By.CSS_SELECTOR, "#detail-attempts tbody tr")
         assert [row.get_attribute("data-outcome") for row in attempts] == ["failed", "failed"]
         assert "HTTP 500" in attempts[0].text
         assert "bytes" in text_of(browser, '#detail-fields [data-field="payload size"]')
-        assert "SECRET-4111" not in browser.page_source  # its size, never the payload
+        assert '"card": "SECRET-4111"' in text_of(browser, "#payload")  # pretty JSON
         started = browser.find_element(By.CSS_SELECTOR, "#detail-attempts time")
         assert started.text == started.get_attribute("datetime")
         assert started.text.endswith("Z")
@@ -150,8 +160,9 @@ def test_a_dead_record_goes_from_its_alert_to_its_detail_to_a_retry_to_done(
         ]
         assert outcomes == ["failed", "failed", "done"]
         assert [r.answered for r in downstream.snapshot()] == [500, 500, 200]
-        wait(browser, lambda d: "done 1" in text_of(d, chart), "the delivery charted")
         shoot(browser, artifacts, "3-retried-done")
+        browser.back()  # to the overview, where the alert was
+        wait(browser, lambda d: "done 1" in text_of(d, chart), "the delivery charted")
         assert resource_origins(browser) <= {str(client.base_url).rstrip("/")}
     finally:
         downstream.stop()
@@ -170,40 +181,28 @@ def test_a_bulk_cancel_counts_first_asks_a_reason_and_shows_what_it_did(
     open_console(browser, client)
     enter_token(browser, TOKEN)
 
-    # The trouble table links the dead records of refund to the record browser.
-    link = '#trouble-table a[data-line="refund"][data-status="dead"]'
-    wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, link), "the dead refunds")
-    wait(browser, lambda d: text_of(d, link) == "3", "refund's three dead records")
+    # The line's dead count links to its Dead list.
+    link = '#lines [data-line="refund"] li.trouble[data-status="dead"] a'
+    wait(browser, lambda d: text_of(d, link) == "dead 3", "refund's three dead records")
     click(browser, link)
-    rows = "#record-list tbody tr"
+    rows = "#list-table tbody tr"
     wait(browser, lambda d: len(d.find_elements(By.CSS_SELECTOR, rows)) == 3, "the three")
     found = browser.find_elements(By.CSS_SELECTOR, rows)
-    assert {row.get_attribute("data-record") for row in found} == set(dead)
+    newest_first = sorted(dead, reverse=True)
+    assert [row.get_attribute("data-record") for row in found] == newest_first
 
-    # The search: by business number, and a time that is not one is refused with why.
-    search = browser.find_element(By.ID, "search")
-    Select(search.find_element(By.NAME, "status")).select_by_value("")
-    search.find_element(By.NAME, "business_no").send_keys("R-1")
-    search.find_element(By.NAME, "since").send_keys("yesterday")
-    click(browser, "#search button[type=submit]")
-    wait(browser, lambda d: "Search refused" in text_of(d, "#search-result"), "the refusal")
-    assert "not an ISO 8601 time" in text_of(browser, "#search-result")
-    search.find_element(By.NAME, "since").clear()
-    click(browser, "#search button[type=submit]")
-    wait(browser, lambda d: "1 record(s) shown" in text_of(d, "#search-result"), "one record")
-    assert browser.find_element(By.CSS_SELECTOR, rows).get_attribute("data-record") == dead[1]
-
-    form = browser.find_element(By.ID, "bulk")
-    Select(form.find_element(By.NAME, "line")).select_by_value("refund")
+    # All matching the filter (refund's dead), cancelled: a reason first, then a count.
+    form = browser.find_element(By.ID, "list-actions")
+    click(browser, "#list-actions input[name=scope][value=all]")
     Select(form.find_element(By.NAME, "action")).select_by_value("cancel")
-    result = browser.find_element(By.ID, "bulk-result")
-    click(browser, "#bulk-dry")
+    result = browser.find_element(By.ID, "list-action-result")
+    click(browser, "#list-dry")
     wait(browser, lambda d: "reason is required" in result.text, "the reason asked for")
     form.find_element(By.NAME, "reason").send_keys("customer withdrew")
-    click(browser, "#bulk-dry")
+    click(browser, "#list-dry")
     wait(browser, lambda d: result.text.startswith("Dry run:"), "the dry run's count")
-    assert "3 dead record(s) of refund match; 3 would be cancelled" in result.text
-    run = browser.find_element(By.ID, "bulk-run")
+    assert "3 record(s) match; 3 would be cancelled" in result.text
+    run = browser.find_element(By.ID, "list-run")
     assert run.is_enabled()
     assert run.text == "Cancel 3 record(s)"
     assert {record_status(client, rid) for rid in dead} == {"dead"}  # a dry run changes nothing
@@ -215,10 +214,10 @@ def test_a_bulk_cancel_counts_first_asks_a_reason_and_shows_what_it_did(
     assert not run.is_enabled()
     assert {record_status(client, rid) for rid in dead} == {"cancelled"}
     assert record_status(client, other) == "dead"  # another line is not touched
+    wait(browser, lambda d: "No dead record on refund" in text_of(d, "#list-result"), "emptied")
     audit = client.get("/v1/audit", headers=ADMIN).json()["items"]
-    assert [(a["action"], a["target"], a["reason"]) for a in audit] == [
-        ("cancel", "line:refund", "customer withdrew")
-    ]
+    assert [(a["action"], a["reason"]) for a in audit] == [("cancel", "customer withdrew")]
+    click(browser, 'nav a[href="#/audit"]')
     wait(
         browser,
         lambda d: "customer withdrew" in text_of(d, "#audit-table"),
@@ -227,10 +226,25 @@ def test_a_bulk_cancel_counts_first_asks_a_reason_and_shows_what_it_did(
     )
     shoot(browser, artifacts, "2-bulk-cancelled")
 
+    # The search: by business number, and a time that is not one is refused with why.
+    click(browser, 'nav a[href="#/records"]')
+    search = browser.find_element(By.ID, "search")
+    search.find_element(By.NAME, "business_no").send_keys("R-1")
+    search.find_element(By.NAME, "since").send_keys("yesterday")
+    click(browser, "#search button[type=submit]")
+    wait(browser, lambda d: "Search refused" in text_of(d, "#search-result"), "the refusal")
+    assert "not an ISO 8601 time" in text_of(browser, "#search-result")
+    search.find_element(By.NAME, "since").clear()
+    click(browser, "#search button[type=submit]")
+    wait(browser, lambda d: "1 record(s) shown" in text_of(d, "#search-result"), "one record")
+    assert d_record(browser, "#record-list tbody tr") == dead[1]
+    assert browser.current_url.endswith("#/records?business_no=R-1")
+
     # One record, found by its id: a cancel asks for a reason, then says what it did.
     search.find_element(By.NAME, "business_no").clear()
     search.find_element(By.NAME, "id").send_keys(other)
     click(browser, "#search button[type=submit]")
+    wait(browser, lambda d: d.current_url.endswith(f"#/records/{other}"), "its address")
     detail = browser.find_element(By.ID, "detail")
     wait(browser, lambda d: detail.get_attribute("data-status") == "dead", "the record's detail")
     click(browser, "#record-cancel")
@@ -265,7 +279,8 @@ def test_a_schedule_is_disabled_and_enabled_and_the_token_is_never_stored(
         )
     client = harness.start_intake()
     open_console(browser, client)
-    assert "Needs the admin token" in text_of(browser, "#schedules-result")
+    click(browser, 'nav a[href="#/schedules"]')
+    wait(browser, lambda d: "Needs the admin token" in text_of(d, "#schedules-result"), "the ask")
     enter_token(browser, TOKEN)
     row = '#schedules-table tr[data-schedule="nightly-report"]'
     wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, row), "the schedule")
@@ -289,9 +304,12 @@ def test_a_schedule_is_disabled_and_enabled_and_the_token_is_never_stored(
     assert listed[0]["enabled"] is False
     click(browser, f'{row} button[data-schedule="nightly-report"]')
     wait(browser, lambda d: "Disable nightly-report" in text_of(d, row), "the enable")
+    shoot(browser, artifacts, "1-schedules")
+    click(browser, 'nav a[href="#/audit"]')
     wait(browser, lambda d: "schedule_enable" in text_of(d, "#audit-table"), "the audit rows", 20)
     assert "schedule_disable" in text_of(browser, "#audit-table")
-    shoot(browser, artifacts, "1-schedules")
+    browser.back()  # to the schedules
+    wait(browser, lambda d: d.current_url.endswith("#/schedules"), "the schedules again")
 
     # The token lives in the page's memory only: no storage, no cookie, not in the DOM.
     stored = browser.execute_script(
@@ -387,6 +405,11 @@ def test_the_console_shows_trouble_at_desktop_and_phone_width(
     wait(browser, lambda d: text_of(d, dead) == "dead 2", "order's two dead records")
     assert color_of(browser, '#lines [data-line="order"] li.trouble', "background-color") == RED
     assert not browser.find_elements(By.CSS_SELECTOR, '#lines li.trouble[data-status="done"]')
+    # Refund has work and no worker: its card is red, with the page's reason for it.
+    refund = '#lines [data-line="refund"]'
+    wait(browser, lambda d: "trouble-bad" in attr_of(d, refund, "class"), "refund in trouble")
+    assert "no worker is alive" in text_of(browser, f"{refund} .trouble-notes")
+    assert attr_of(browser, "#state", "data-state") == "degraded"
     # No beat runs: the health strip says so, in red, with the reason.
     beat = '#checks [data-check="beat"]'
     wait(browser, lambda d: "FAIL" in text_of(d, beat), "the beat's failure")
@@ -406,26 +429,36 @@ def test_the_console_shows_trouble_at_desktop_and_phone_width(
     overflow = sideways_overflow(browser)
     assert overflow <= 0, f"the page scrolls sideways by {overflow}px at {width[0]} px"
     browser.execute_script("document.activeElement.blur()")
-    shoot(browser, artifacts, f"console-{name}")
+    shoot(browser, artifacts, f"trouble-{name}")
     if name == "phone":
         # A tall phone: the header, the health strip and the first line's card.
         browser.set_window_size(PHONE[0], 1500)
-        shoot(browser, artifacts, "console-phone-tall")
+        shoot(browser, artifacts, "trouble-phone-tall")
         browser.execute_script("document.getElementById('lines-title').scrollIntoView()")
-        shoot(browser, artifacts, "console-phone-lines")
+        shoot(browser, artifacts, "trouble-phone-lines")
     else:
-        shoot(browser, artifacts, "console-desktop-full", full_page=True)
-    # The trouble links to those records: the record browser, filtered to them.
+        shoot(browser, artifacts, "trouble-desktop-full", full_page=True)
+    # The trouble links to those records: the Dead and the Retries lists of the line.
     click(browser, dead)
-    rows = "#record-list tbody tr"
+    rows = "#list-table tbody tr"
+    wait(browser, lambda d: d.current_url.endswith("#/dead?line=order"), "the Dead list")
     wait(browser, lambda d: len(d.find_elements(By.CSS_SELECTOR, rows)) == 2, "the dead records")
-    statuses = {r.text for r in browser.find_elements(By.CSS_SELECTOR, f"{rows} td.status")}
-    assert statuses == {"DEAD"}
-    # The failed ones: a failed attempt stays FAILED, in red; a record waiting for its
-    # downstream without spending an attempt is shown waiting, not as a failure.
+    browser.back()
     click(browser, failed)
+    wait(browser, lambda d: d.current_url.endswith("#/retries?line=order"), "the Retries list")
+    wait(browser, lambda d: len(d.find_elements(By.CSS_SELECTOR, rows)) == 2, "the failed ones")
+    # In the search, a failed attempt stays FAILED, in red; a record waiting for its
+    # downstream without spending an attempt is shown waiting, not as a failure.
+    click(browser, 'nav a[href="#/records"]')
+    search = browser.find_element(By.ID, "search")
+    Select(search.find_element(By.NAME, "line")).select_by_value("order")
+    Select(search.find_element(By.NAME, "status")).select_by_visible_text("failed")
+    click(browser, "#search button[type=submit]")
+    rows = "#record-list tbody tr"
     wait(browser, lambda d: len(d.find_elements(By.CSS_SELECTOR, rows)) == 2, "the failed ones")
     statuses = {r.text for r in browser.find_elements(By.CSS_SELECTOR, f"{rows} td.status")}
     assert statuses == {"FAILED", "waiting for downstream"}
     assert color_of(browser, f"{rows} td.status-failed", "color") == RED
     assert color_of(browser, f"{rows} td.status-waiting", "color") != RED
+    overflow = sideways_overflow(browser)
+    assert overflow <= 0, f"the search scrolls sideways by {overflow}px at {width[0]} px"

@@ -13,10 +13,12 @@ from selenium.webdriver.support.ui import Select
 from tests.support.browser import (
     DESKTOP,
     PHONE,
+    attr_of,
     enter_token,
     resource_origins,
     shoot,
     sideways_overflow,
+    text_of,
     wait,
 )
 
@@ -27,13 +29,14 @@ ADMIN_TOKEN = "page-admin-token"
 
 
 def fill(driver, line: str) -> float:
-    bar = driver.find_element(By.CSS_SELECTOR, f'[data-line="{line}"] .fill')
-    return float(bar.get_attribute("data-fill"))
+    return float(attr_of(driver, f'#lines [data-line="{line}"] .fill', "data-fill"))
 
 
 def shown_lines(driver) -> list[str]:
-    cards = driver.find_elements(By.CSS_SELECTOR, "#lines [data-line]")
-    return [card.get_attribute("data-line") for card in cards]
+    """The lines' cards, read at once (the page redraws them every 2 s)."""
+    return driver.execute_script(
+        "return [...document.querySelectorAll('#lines > [data-line]')].map(c => c.dataset.line)"
+    )
 
 
 def test_status_page_shows_lines_alerts_and_a_dry_run_replay(harness, browser, artifacts):
@@ -63,21 +66,34 @@ def test_status_page_shows_lines_alerts_and_a_dry_run_replay(harness, browser, a
     assert fill(browser, "order") < 1
     assert fill(browser, "refund") > fill(browser, "order")
     assert fill(browser, "status") == pytest.approx(100.0)
-    refund = browser.find_element(By.CSS_SELECTOR, '[data-line="refund"]').text
+    refund = text_of(browser, '#lines [data-line="refund"]')
     assert "30 / 40 records queued (30 messages)" in refund
     assert "enqueued 30" in refund
-    status = browser.find_element(By.CSS_SELECTOR, '[data-line="status"]').text
+    status = text_of(browser, '#lines [data-line="status"]')
     assert "deferred 2" in status
     assert "live workers\n0" in refund
     # The alerts name records and actors: they wait for the admin token.
     wait(browser, lambda d: "admin token" in d.find_element(By.ID, "alerts").text, "a token ask")
     enter_token(browser, ADMIN_TOKEN)
     wait(browser, lambda d: "QUEUE_FULL" in d.find_element(By.ID, "alerts").text, "the alert")
-    alert = browser.find_element(By.CSS_SELECTOR, '#alerts [data-event="QUEUE_FULL"]').text
+    alert = text_of(browser, '#alerts [data-event="QUEUE_FULL"]')
     assert "is full (3/3); policy defer" in alert  # its reason
     assert "limit=3" in alert  # and its figures
+    # Open incidents first (with how long they have been open), then resolved ones, then
+    # point events.
+    states = [
+        item.get_attribute("data-state")
+        for item in browser.find_elements(By.CSS_SELECTOR, "#alerts > li[data-state]")
+    ]
+    rank = {"open": 0, "resolved": 1, "event": 2}
+    assert states == sorted(states, key=rank.__getitem__), states
+    if "open" in states:
+        assert "open for" in browser.find_element(By.CSS_SELECTOR, "#alerts > li.alert-open").text
 
-    # The replay form: refused with a wrong token, then a dry run with the right one.
+    # The replay form (its own view): refused with a wrong token, then a dry run with the
+    # right one.
+    browser.find_element(By.CSS_SELECTOR, 'nav a[href="#/replay"]').click()
+    wait(browser, lambda d: d.find_element(By.ID, "replay").is_displayed(), "the replay view")
     enter_token(browser, "wrong-token")
     form = browser.find_element(By.ID, "replay")
     Select(form.find_element(By.NAME, "line")).select_by_value("refund")
@@ -94,6 +110,7 @@ def test_status_page_shows_lines_alerts_and_a_dry_run_replay(harness, browser, a
         assert r.llen("refund") == 30  # a dry run changes nothing
 
     # The record browser pages by keyset: 25 records, then the next page.
+    browser.find_element(By.CSS_SELECTOR, 'nav a[href="#/records"]').click()
     search = browser.find_element(By.ID, "search")
     Select(search.find_element(By.NAME, "line")).select_by_value("refund")
     search.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
@@ -113,6 +130,7 @@ def test_status_page_shows_lines_alerts_and_a_dry_run_replay(harness, browser, a
     desktop = shoot(browser, artifacts, "status-page-desktop")
 
     browser.set_window_size(*PHONE)
+    browser.get(base + "/#/")
     browser.refresh()
     wait(browser, lambda d: len(shown_lines(d)) == 3, "the three lines at phone width")
     overflow = sideways_overflow(browser)

@@ -79,8 +79,16 @@ def shoot(driver: WebDriver, directory: Path, name: str, *, full_page: bool = Fa
 
 
 def color_of(driver: WebDriver, css: str, prop: str = "color") -> str:
-    element = driver.find_element(By.CSS_SELECTOR, css)
-    return str(driver.execute_script(f"return getComputedStyle(arguments[0])['{prop}']", element))
+    """A computed style of the first element `css` finds, read again when the page redrew
+    it meanwhile."""
+    for _ in range(10):
+        try:
+            element = driver.find_element(By.CSS_SELECTOR, css)
+            script = f"return getComputedStyle(arguments[0])['{prop}']"
+            return str(driver.execute_script(script, element))
+        except StaleElementReferenceException:
+            continue
+    raise AssertionError(f"{css} was redrawn ten times in a row while read")
 
 
 def resource_origins(driver: WebDriver) -> set[str]:

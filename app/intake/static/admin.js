@@ -1,14 +1,22 @@
 // The admin views: schedules (enable, disable), the audit log (a page at a time), replay.
 "use strict";
 
-import {$, api, el, hasToken, keepingFocus, say, timeEl, typedTime, utc} from "./api.js";
+import {$, api, el, keepingFocus, labelCells, say, timeEl, typedTime, utc} from "./api.js";
 
 let auditNext = null;
 
-function refusal(what, error) {
-  if (error.status === 401) return "Needs the admin token: enter it above.";
-  if (error.status === 403) return "The admin token is not valid: enter another above.";
-  return `${what}: ${error.message}`;
+// A read refused: why, marked as a refusal so that the next good answer takes it away.
+function refused(result, what, error) {
+  if (error.status === 401) say(result, "Needs the admin token: enter it above.");
+  else if (error.status === 403) say(result, "The admin token is not valid: enter another above.", "error");
+  else say(result, `${what}: ${error.message}`, "error");
+  result.dataset.refusal = "true";
+}
+
+// A read answered: a refusal shown before goes (an action's own result stays).
+function answered(result, text = "") {
+  if (result.dataset.refusal === "true" || !/\b(done|error)\b/.test(result.className)) say(result, text);
+  delete result.dataset.refusal;
 }
 let auditPages = 0;
 
@@ -16,10 +24,12 @@ async function switchSchedule(name, enable) {
   const result = $("#schedules-result");
   try {
     await api(`/v1/schedules/${encodeURIComponent(name)}/${enable ? "enable" : "disable"}`, {method: "POST", admin: true, body: {reason: "from the console"}});
+    delete result.dataset.refusal;
     say(result, `${name} ${enable ? "enabled" : "disabled"} at ${utc(new Date().toISOString())}`, "done");
     await refreshSchedules();
   } catch (error) {
     say(result, `${enable ? "Enable" : "Disable"} of ${name} refused: ${error.message}`, "error");
+    delete result.dataset.refusal;
   }
 }
 
@@ -40,19 +50,19 @@ export async function refreshSchedules() {
   try {
     const answer = await api("/v1/schedules", {admin: true});
     keepingFocus($("#schedules-table"), () => $("#schedules-table tbody").replaceChildren(...answer.items.map(scheduleRow)));
+    labelCells($("#schedules-table"));
     $("#schedules-table").hidden = answer.items.length === 0;
-    if (!answer.items.length) say(result, "No schedule. Add one with `pipeline schedules add`.");
-    else if (!result.classList.contains("done") && !result.classList.contains("error")) say(result, "");
+    answered(result, answer.items.length ? "" : "No schedule. Add one with `pipeline schedules add`.");
   } catch (error) {
     $("#schedules-table").hidden = true;
-    say(result, refusal("Schedules", error), error.status === 401 ? "" : "error");
+    refused(result, "Schedules", error);
   }
 }
 
 function auditRow(row) {
   return el("tr", {"data-action": row.action},
-    el("td", {}, timeEl(row.time)), el("td", {}, row.actor), el("td", {}, row.action), el("td", {}, row.target),
-    el("td", {}, row.result ? JSON.stringify(row.result) : "–"), el("td", {}, row.reason || "–"));
+    el("td", {}, timeEl(row.time)), el("td", {}, row.actor), el("td", {}, row.action), el("td", {class: "wrap"}, row.target),
+    el("td", {class: "wrap"}, row.result ? JSON.stringify(row.result) : "–"), el("td", {class: "wrap"}, row.reason || "–"));
 }
 
 // `quiet`: a timer's refresh, which leaves older pages the operator opened alone.
@@ -65,14 +75,15 @@ export async function refreshAudit(more = false, {quiet = false} = {}) {
     const body = $("#audit-table tbody");
     if (!more) body.replaceChildren();
     body.append(...answer.items.map(auditRow));
+    labelCells($("#audit-table"));
     auditNext = answer.next;
     auditPages = more ? auditPages + 1 : 1;
     $("#audit-table").hidden = body.children.length === 0;
     $("#audit-older").hidden = !auditNext;
-    say(result, body.children.length ? "" : "No operator action yet.");
+    answered(result, body.children.length ? "" : "No operator action yet.");
   } catch (error) {
     $("#audit-table").hidden = true;
-    say(result, refusal("Audit log", error), error.status === 401 ? "" : "error");
+    refused(result, "Audit log", error);
   }
 }
 
@@ -113,5 +124,3 @@ export function setUpAdmin() {
   $("#replay").addEventListener("input", () => { $("#replay-run").disabled = true; });
   $("#replay-run").addEventListener("click", () => replay(false));
 }
-
-export function adminReady() { return hasToken(); }

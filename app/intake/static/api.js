@@ -36,9 +36,12 @@ export class ApiError extends Error {
   }
 }
 
-// Listeners told when an admin call was refused for want of a (valid) token.
+// Listeners told when an admin call was refused for want of a (valid) token, and when one
+// was answered with the token (it is good: stale refusals on the page can go).
 const refusalListeners = [];
+const acceptListeners = [];
 export function onRefused(listener) { refusalListeners.push(listener); }
+export function onAccepted(listener) { acceptListeners.push(listener); }
 
 export async function api(path, {method = "GET", body, admin = false} = {}) {
   const headers = {accept: "application/json"};
@@ -60,6 +63,7 @@ export async function api(path, {method = "GET", body, admin = false} = {}) {
     }
     throw failure;
   }
+  if (admin && adminToken) for (const listener of acceptListeners) listener();
   return answer;
 }
 
@@ -71,8 +75,12 @@ export function utc(iso) {
   return date.toISOString().replace(/\.\d{3}Z$/, "Z");
 }
 
+// A time shown: UTC as text, the reader's local time in its hover title.
 export function timeEl(iso) {
-  return iso ? el("time", {datetime: utc(iso)}, utc(iso)) : "–";
+  if (!iso) return "–";
+  const date = new Date(iso);
+  const local = Number.isNaN(date.getTime()) ? null : "local time: " + date.toLocaleString();
+  return el("time", {datetime: utc(iso), title: local}, utc(iso));
 }
 
 export function age(seconds) {
@@ -99,9 +107,31 @@ export function say(node, text, kind = "") {
 
 export const TROUBLE = new Set(["failed", "dead"]);
 
+// The list each trouble status has its own view for: failed records are the retries.
+export const TROUBLE_VIEW = {failed: "retries", dead: "dead"};
+
+// A console address: `#/view/part?query`, with empty query values left out.
+export function href(path, params = {}) {
+  const query = new URLSearchParams();
+  for (const [key, value] of Object.entries(params)) {
+    for (const one of [].concat(value)) if (one !== undefined && one !== null && one !== "") query.append(key, one);
+  }
+  const text = query.toString();
+  return "#/" + path + (text ? "?" + text : "");
+}
+
+// Each cell of `table`'s body gets its column's heading as `data-label`: a narrow screen
+// stacks a row's cells, each under its label, instead of scrolling sideways.
+export function labelCells(table) {
+  const labels = [...table.querySelectorAll("thead th")].map((th) => th.dataset.label || th.textContent.trim());
+  for (const row of table.tBodies[0].rows) {
+    [...row.cells].forEach((cell, i) => { if (labels[i] && !cell.hasAttribute("colspan")) cell.dataset.label = labels[i]; });
+  }
+}
+
 // Re-render `container` with `render()` without taking the keyboard's place away: the
 // element that had focus in it is found again by its data attributes and focused.
-const KEYS = ["data-line", "data-record", "data-status", "data-control", "data-schedule"];
+const KEYS = ["data-line", "data-record", "data-status", "data-control", "data-schedule", "data-alert"];
 export function keepingFocus(container, render) {
   const active = document.activeElement;
   let selector = null;
@@ -116,4 +146,19 @@ export function keepingFocus(container, render) {
     const again = container.querySelector(selector);
     if (again) again.focus();
   }
+}
+
+// A page of `GET /v1/records`: a search by error words reads a bounded stretch of the
+// journal per request, so a page may come back empty with `next` set; this follows
+// `next` until it finds records or the end (at most `MAX_STRETCHES` requests).
+const MAX_STRETCHES = 20;
+export async function recordsPage(params) {
+  const query = new URLSearchParams(params);
+  let answer = null;
+  for (let i = 0; i < MAX_STRETCHES; i++) {
+    answer = await api("/v1/records?" + query, {admin: true});
+    if (answer.items.length || !answer.next) break;
+    query.set("after", answer.next);
+  }
+  return answer;
 }

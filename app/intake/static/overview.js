@@ -1,15 +1,15 @@
-// What the console polls for everyone: the health strip, the lines (depth, workers, pause,
-// the last hour's chart, counts with trouble linked), and the alerts.
+// What the console polls for everyone: the page's state (the banner) and the health strip,
+// the lines (depth, workers, pause, the last hour's chart, counts linked to their lists,
+// trouble in red or amber), and the alerts (open incidents first).
 "use strict";
 
-import {$, TROUBLE, age, api, el, keepingFocus, say, timeEl, utc} from "./api.js";
+import {$, TROUBLE, TROUBLE_VIEW, age, api, el, href, keepingFocus, say, timeEl, utc} from "./api.js";
 
 const NAMES = {redis: "Redis", journal: "Journal", beat: "Beat", sweep: "Sweeper", schedules: "Schedules"};
 const TROUBLE_EVENTS = new Set(["TASK_DEAD", "NO_CONSUMER", "BROKER_DOWN", "JOURNAL_DOWN", "WORKER_STALLED", "QUEUE_FULL", "BACKLOG", "DOWNSTREAM_DOWN"]);
-let nav = {showRecords: () => {}, openRecord: () => {}};
+const STATES = {ok: "OK", degraded: "DEGRADED", down: "DOWN"};
 let throughputByLine = {};
-
-export function setNavigation(handlers) { nav = handlers; }
+let onlyLine = null;  // the line view shows this line's card alone
 
 function checkItem(check) {
   const detail = [];
@@ -24,8 +24,48 @@ function checkItem(check) {
     detail.length ? el("small", {}, detail.join(" · ")) : null);
 }
 
+// The reasons the intake gave for the page's state, by line: the cards show their own.
+let reasonsByLine = {};
+const WARN_ONLY = new Set(["paused", "backlog", "stalled_worker"]);
+
+function lineTrouble(line) {
+  return (reasonsByLine[line.line] || []).map((r) => [r.code, r.message || r.code, WARN_ONLY.has(r.code) ? "warn" : "bad"]);
+}
+
+// Where a reason is looked into: its line's failed records when its downstream fails, its
+// line's card otherwise; the health strip for a part of the pipeline.
+function reasonHref(reason) {
+  if (!reason.line) return "#/";
+  if (reason.code === "circuit_open") return href("retries", {line: reason.line});
+  return href("lines/" + encodeURIComponent(reason.line));
+}
+
+function renderState(health) {
+  // An intake that does not say its state yet: its checks' `ok` alone.
+  const state = health.state || (health.ok ? "ok" : "degraded");
+  const reasons = health.reasons || [];
+  reasonsByLine = {};
+  for (const r of reasons) if (r.line) (reasonsByLine[r.line] = reasonsByLine[r.line] || []).push(r);
+  const banner = $("#state");
+  banner.dataset.state = state;
+  banner.className = "state-banner " + state;
+  $("#state-title").textContent = "Pipeline: " + (STATES[state] || state) +
+    (state === "ok" ? " — every part answers, no line in trouble" : ` — ${reasons.length} reason(s)`);
+  keepingFocus($("#state-reasons"), () => $("#state-reasons").replaceChildren(...reasons.map((r) =>
+    el("li", {"data-code": r.code, "data-line": r.line || null},
+      el("a", {href: reasonHref(r), "data-status": r.code}, r.message || r.code)))));
+}
+
+// The health strip and the page's state.
 export async function refreshHealth() {
-  const health = await api("/v1/health");
+  let health;
+  try {
+    health = await api("/v1/health");
+  } catch (error) {
+    renderState({state: "down", reasons: [{code: "intake_down", line: null, message: "the intake does not answer: " + error.message}]});
+    throw error;
+  }
+  renderState(health);
   $("#checks").replaceChildren(...health.checks.map(checkItem));
 }
 
@@ -74,13 +114,10 @@ export async function refreshThroughput() {
 function countsList(line) {
   const counts = el("ul", {class: "counts", "aria-label": line.line + " records by status"});
   for (const [status, n] of Object.entries(line.counts).sort()) {
-    if (TROUBLE.has(status) && n > 0) {
-      const link = el("a", {href: "#records-title", class: "trouble-link", "data-status": status}, `${status} ${n}`);  // found again by its card and status
-      link.addEventListener("click", (event) => { event.preventDefault(); nav.showRecords({line: line.line, status}); });
-      counts.append(el("li", {class: "trouble", "data-status": status}, link));
-    } else {
-      counts.append(el("li", {"data-status": status}, `${status} ${n}`));
-    }
+    // Found again by its card and status; the trouble links to its list.
+    const to = TROUBLE.has(status) ? href(TROUBLE_VIEW[status], {line: line.line}) : href("records", {line: line.line, status});
+    const link = el("a", {href: to, class: TROUBLE.has(status) ? "trouble-link" : "count-link", "data-status": status}, `${status} ${n}`);
+    counts.append(el("li", {class: TROUBLE.has(status) && n > 0 ? "trouble" : null, "data-status": status}, n > 0 ? link : `${status} ${n}`));
   }
   if (!counts.children.length) counts.append(el("li", {}, "no records"));
   return counts;
@@ -114,6 +151,8 @@ function lineCard(line) {
   const fill = el("div", {class: "fill" + (pct >= 100 ? " full" : pct >= 70 ? " warn" : ""), "data-fill": pct.toFixed(2)});
   fill.style.width = pct + "%";
   const live = line.live_workers === null ? "unknown" : String(line.live_workers);
+  // No worker is trouble only when work waits for one (the intake's own reason says so).
+  const starved = (reasonsByLine[line.line] || []).some((r) => r.code === "no_live_workers");
   const stalled = line.stalled_workers === null || line.stalled_workers === undefined ? "unknown" : String(line.stalled_workers);
   const button = el("button", {type: "button", class: line.paused ? "primary" : "", "data-control": "pause", "data-action": line.paused ? "resume" : "pause"},
     line.paused ? `Resume ${line.line}` : `Pause ${line.line}`);
@@ -121,13 +160,19 @@ function lineCard(line) {
   const pausedNote = line.paused && line.pause
     ? el("dd", {class: "paused-note"}, `since ${utc(line.pause.since)} by ${line.pause.by}` + (line.pause.reason ? ` (${line.pause.reason})` : ""))
     : el("dd", {}, "no");
-  return el("article", {class: "card" + (line.paused ? " paused" : ""), "data-line": line.line, "aria-labelledby": "line-" + line.line},
-    el("h3", {id: "line-" + line.line}, el("span", {}, line.line, " ", line.paused ? el("span", {class: "badge"}, "PAUSED") : null),
+  const trouble = lineTrouble(line);
+  const worst = trouble.some((t) => t[2] === "bad") ? " trouble-bad" : trouble.length ? " trouble-warn" : "";
+  const notes = trouble.length
+    ? el("ul", {class: "trouble-notes", "aria-label": line.line + " is in trouble"}, ...trouble.map(([code, message, how]) => el("li", {class: how, "data-code": code}, message)))
+    : null;
+  return el("article", {class: "card" + (line.paused ? " paused" : "") + worst, "data-line": line.line, "aria-labelledby": "line-" + line.line},
+    el("h3", {id: "line-" + line.line}, el("span", {}, el("a", {href: href("lines/" + encodeURIComponent(line.line)), class: "line-link", "data-control": "line"}, line.line), " ", line.paused ? el("span", {class: "badge"}, "PAUSED") : null),
       el("span", {class: "policy"}, "overflow: " + line.overflow)),
     el("div", {class: "bar", role: "meter", "aria-valuemin": "0", "aria-valuemax": String(line.max_queue_length), "aria-valuenow": known ? String(line.queue_depth) : "0", "aria-label": line.line + " queue depth"}, fill),
+    notes,
     el("div", {class: "depth"}, known ? line.queue_depth + " / " + line.max_queue_length + " records queued (" + line.queue_messages + " messages)" : "Redis down / " + line.max_queue_length + " records"),
     el("dl", {},
-      el("dt", {}, "live workers"), el("dd", {class: line.live_workers === 0 ? "nobody live" : "live"}, live),
+      el("dt", {}, "live workers"), el("dd", {class: starved ? "nobody live" : "live"}, live),
       el("dt", {}, "stalled workers"), el("dd", {class: line.stalled_workers > 0 ? "nobody stalled" : "stalled"}, stalled),
       el("dt", {}, "oldest unfinished"), el("dd", {class: "oldest"}, age(line.oldest_unfinished_age_s)),
       el("dt", {}, "paused"), pausedNote,
@@ -137,13 +182,16 @@ function lineCard(line) {
     el("div", {class: "actions"}, button));
 }
 
-let lastLines = [];
-export function knownLines() { return lastLines; }
+// The line view: one line's card alone (null: every line, the overview).
+export function showLine(line) {
+  onlyLine = line;
+  $("#lines-title").textContent = line ? "Line " + line : "Lines";
+}
 
 export async function refreshLines() {
   const answer = await api("/v1/lines");
-  lastLines = answer.lines;
-  keepingFocus($("#lines"), () => $("#lines").replaceChildren(...answer.lines.map(lineCard)));
+  const shown = onlyLine ? answer.lines.filter((l) => l.line === onlyLine) : answer.lines;
+  keepingFocus($("#lines"), () => $("#lines").replaceChildren(...(shown.length ? shown.map(lineCard) : [el("p", {}, `No line ${onlyLine}.`)])));
   for (const select of document.querySelectorAll(".line-select")) {
     for (const line of answer.lines) {
       if (![...select.options].some((o) => o.value === line.line)) select.append(el("option", {value: line.line}, line.line));
@@ -152,19 +200,37 @@ export async function refreshLines() {
   return answer.lines;
 }
 
+// An incident's state and how long it lasted (or has lasted); a point event has neither.
+function incidentNote(alert) {
+  if (alert.state === "open") {
+    // The intake's count (read every 2 s), else from its opening on this machine's clock.
+    const since = alert.duration_s ?? (Date.now() - new Date(alert.opened_at).getTime()) / 1000;
+    return el("span", {class: "incident open"}, `open for ${age(since)}`);
+  }
+  if (alert.state === "resolved") {
+    return el("span", {class: "incident resolved"}, `resolved after ${age(alert.duration_s)}`, ...(alert.resolved_at ? [" at ", timeEl(alert.resolved_at)] : []));
+  }
+  return null;
+}
+
+const ORDER = {open: 0, resolved: 1};
+function byIncident(a, b) {
+  const rank = (x) => ORDER[x.state] ?? 2;
+  return rank(a) - rank(b);  // a stable sort: each group keeps the API's newest-first order
+}
+
 function alertItem(alert) {
   const figures = Object.entries(alert.figures || {}).map(([k, v]) => `${k}=${v}`).join(" · ");
-  const item = el("li", {"data-event": alert.event},
+  const item = el("li", {"data-event": alert.event, "data-state": alert.state || "event", "data-alert": alert.id ?? null, class: "alert-" + (alert.state || "event")},
     el("span", {class: "event" + (TROUBLE_EVENTS.has(alert.event) ? " bad" : "")}, alert.event + (alert.line ? " · " + alert.line : "")),
-    timeEl(alert.time),
+    incidentNote(alert), " ",
+    timeEl(alert.state ? alert.opened_at || alert.time : alert.time), " ",
     (alert.count > 1 ? `(×${alert.count}) ` : ""),
     el("span", {class: "reason"}, alert.reason || alert.message || ""),
     figures ? el("span", {class: "figures"}, figures) : null);
   const recordId = alert.figures && alert.figures.record_id;
   if (recordId) {
-    const open = el("button", {type: "button", class: "link open-record", "data-record": recordId}, "open record " + recordId);
-    open.addEventListener("click", () => nav.openRecord(recordId));
-    item.append(" ", open);
+    item.append(" ", el("a", {href: href("records/" + encodeURIComponent(recordId)), class: "open-record", "data-record": recordId}, "open record " + recordId));
   }
   return item;
 }
@@ -179,7 +245,7 @@ export async function refreshAlerts() {
     $("#alerts").replaceChildren(el("li", {}, "Enter the admin token to see the alerts."));
     return;
   }
-  const real = answer.alerts.filter((a) => !a.dry_run);
+  const real = answer.alerts.filter((a) => !a.dry_run).sort(byIncident);
   const dry = answer.alerts.filter((a) => a.dry_run);
   keepingFocus($("#alerts"), () => $("#alerts").replaceChildren(...(real.length ? real.map(alertItem) : [el("li", {}, "none yet")])));
   const box = $("#dry-alerts");
