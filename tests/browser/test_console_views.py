@@ -9,9 +9,6 @@ desktop and phone width; the screenshots are saved as artifacts."""
 from __future__ import annotations
 
 import json
-import threading
-from http.server import BaseHTTPRequestHandler
-from typing import Any
 
 import pytest
 from selenium.webdriver.common.by import By
@@ -30,7 +27,7 @@ from tests.support.browser import (
 )
 from tests.support.journal import journal_records
 from tests.support.processes import wait_for
-from tests.support.recorder import LocalServer
+from tests.support.recorder import Received, _SmallServer
 
 pytestmark = pytest.mark.journal_independent
 
@@ -39,43 +36,20 @@ REFUSAL = {"error": "unknown sku"}
 VIEWS = ["#/", "#/alerts", "#/retries", "#/dead", "#/records", "#/schedules", "#/replay", "#/audit"]
 
 
-class SkuShop:
+class SkuShop(_SmallServer):
     """A downstream that answers 422 `{"error": "unknown sku"}` to a record whose payload
-    names the bad SKU (until `mended`), and 200 to the rest; it counts what it answered."""
+    names the bad SKU (until `mended`), and 200 to the rest."""
 
-    def __init__(self) -> None:
-        self.mended = False
-        self.answers: list[tuple[str, int]] = []
-        self.lock = threading.Lock()
-        shop = self
+    mended = False
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers.get("content-length", "0"))))
-                bad = body["payload"].get("sku") == BAD_SKU and not shop.mended
-                status, answer = (422, json.dumps(REFUSAL).encode()) if bad else (200, b"{}")
-                with shop.lock:
-                    shop.answers.append((body["business_no"], status))
-                self.send_response(status)
-                self.send_header("content-type", "application/json")
-                self.send_header("content-length", str(len(answer)))
-                self.end_headers()
-                self.wfile.write(answer)
+    def answer(self, method: str, received: Received) -> int:
+        return 422 if received.body["payload"].get("sku") == BAD_SKU and not self.mended else 200
 
-            def log_message(self, *_args: Any) -> None:
-                return
+    def headers_for(self, received: Received) -> dict[str, str]:
+        return {"content-type": "application/json"}
 
-        self.server = LocalServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    @property
-    def url(self) -> str:
-        host, port = self.server.server_address[:2]
-        return f"http://{host}:{port}"
-
-    def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+    def body_for(self, received: Received) -> bytes:
+        return json.dumps(REFUSAL).encode() if received.answered == 422 else b"{}"
 
 
 def go(driver, base: str, address: str) -> None:
@@ -109,7 +83,7 @@ def no_overflow(driver, where: str) -> None:
 
 @pytest.fixture
 def shop():
-    double = SkuShop()
+    double = SkuShop().start()
     yield double
     double.stop()
 

@@ -7,11 +7,9 @@ bulk action. Attempts run in the test's process, against a real downstream on 12
 from __future__ import annotations
 
 import json
-import threading
 import time
 import urllib.parse
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import pytest
@@ -21,7 +19,7 @@ from app.journal import audit, store
 from app.journal.models import RecordStatus
 from app.journal.store import RecordFilter
 from tests.support.journal import journal_records, run_records
-from tests.support.recorder import LocalServer
+from tests.support.recorder import Received, _SmallServer
 
 pytestmark = pytest.mark.journal
 
@@ -31,61 +29,39 @@ SECRET = "s3cret-token"
 HUGE_BYTES = 1_000_000
 
 
-class Refusing:
+class Refusing(_SmallServer):
     """A downstream that refuses by business number: `BAD-…` 422 with `REFUSAL`, `HUGE-…`
     500 with a megabyte of text, `ECHO-…` 400 quoting the URL it was called at (secret
     and all); anything else is delivered (200)."""
 
-    def __init__(self) -> None:
-        owner = self
+    def answer(self, method: str, received: Received) -> int:
+        return self._reply(received)[0]
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                raw = self.rfile.read(int(self.headers.get("content-length", "0")))
-                number = str(json.loads(raw)["business_no"])
-                status, body = owner.answer(number, self.path)
-                self.send_response(status)
-                self.send_header("content-type", "application/json")
-                self.send_header("content-length", str(len(body)))
-                self.end_headers()
-                try:
-                    self.wfile.write(body)
-                except OSError:
-                    self.close_connection = True  # the client read what it wanted, and left
+    def headers_for(self, received: Received) -> dict[str, str]:
+        return {"content-type": "application/json"}
 
-            def log_message(self, *_args: Any) -> None:
-                return
+    def body_for(self, received: Received) -> bytes:
+        return self._reply(received)[1]
 
-        self.server = LocalServer(("127.0.0.1", 0), Handler)
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    @property
-    def url(self) -> str:
-        host, port = self.server.server_address[:2]
-        return f"http://{host}:{port}"
-
-    def answer(self, number: str, path: str) -> tuple[int, bytes]:
+    def _reply(self, received: Received) -> tuple[int, bytes]:
+        number = str(received.body["business_no"])
         if number.startswith("BAD-"):
             return 422, REFUSAL.encode()
         if number.startswith("HUGE-"):
             return 500, ("é  overloaded\n" * (HUGE_BYTES // 15)).encode()
         if number.startswith("ECHO-"):
+            query = urllib.parse.urlencode(received.query)
             return (
                 400,
-                f"no hook at {self.url}{path} (see https://u:pw@docs.example/x?k=v)".encode(),
+                f"no hook at {self.url}{received.path}?{query} "
+                "(see https://u:pw@docs.example/x?k=v)".encode(),
             )
         return 200, b'{"ok": true}'
-
-    def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join(timeout=5)
 
 
 @pytest.fixture
 def downstream() -> Iterator[Refusing]:
-    server = Refusing()
+    server = Refusing().start()
     try:
         yield server
     finally:

@@ -126,7 +126,8 @@ class SilentServer:
 
 
 class _SmallServer:
-    """A threaded HTTP server on 127.0.0.1 whose subclass answers each request."""
+    """A threaded HTTP server on 127.0.0.1 whose subclass answers each request: its status
+    (`answer`), headers (`headers_for`) and body (`body_for`)."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
@@ -145,6 +146,11 @@ class _SmallServer:
     def headers_for(self, received: Received) -> dict[str, str]:
         """Headers to answer `received` with, beside its status (none by default)."""
         return {}
+
+    def body_for(self, received: Received) -> bytes:
+        """The body to answer `received` with, once its status is `received.answered`
+        (none by default)."""
+        return b""
 
     def start(self) -> _SmallServer:
         owner = self
@@ -165,14 +171,18 @@ class _SmallServer:
                 with owner.lock:
                     received.answered = status
                     owner.received.append(received)
+                body = owner.body_for(received)
                 try:
                     self.send_response(status)
                     for name, value in owner.headers_for(received).items():
                         self.send_header(name, value)
-                    self.send_header("content-length", "0")
+                    self.send_header("content-length", str(len(body)))
                     self.end_headers()
+                    self.wfile.write(body)
                 except OSError:
-                    self.close_connection = True  # the client gave up waiting (a timeout)
+                    # The client gave up waiting (a timeout), or read what it wanted of the
+                    # body and left.
+                    self.close_connection = True
 
             def do_GET(self) -> None:
                 self._serve("GET")
