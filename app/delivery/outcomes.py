@@ -9,6 +9,7 @@ same transaction: they need no decision.)"""
 from __future__ import annotations
 
 import random
+import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -324,6 +325,11 @@ def log_lease_lost(record: Record, *, outcome: RecordStatus) -> None:
     )
 
 
+# Where a delivery's error quotes its downstream's answer: after `HTTP <status>` (and its
+# Retry-After), `: <the answer's start>` (`sinks.quoted`).
+_ANSWER_QUOTED = re.compile(r"(: HTTP \d{3}(?:, Retry-After [^:]*)?): .*\Z", re.DOTALL)
+
+
 def report_dead(record: Record, error: str, *, telemetry: Telemetry, alerts: Alerter) -> None:
     """Count, log and alert (`TASK_DEAD`) a record that used up its attempts."""
     telemetry.count(Counter.DEAD, line=record.line)
@@ -336,5 +342,7 @@ def report_dead(record: Record, error: str, *, telemetry: Telemetry, alerts: Ale
         record_id=record.id,
         business_no=record.business_no,
         attempts=record.attempts,
-        error=error[:500],
+        # The error without the downstream's own words: they may carry its customers' data,
+        # and the alert goes to a chat; the record's attempts keep them.
+        error=_ANSWER_QUOTED.sub(r"\1", error)[:500],
     )

@@ -348,10 +348,31 @@ def redact_url(url: str) -> str:
 
 def redact_urls(text: str, url: str = "") -> str:
     """`text` (a downstream's answer) with every URL in it redacted as `redact_url` does,
-    `url` (the one it was sent to) first, wherever it stands."""
-    if url:
-        text = text.replace(url, redact_url(url))
+    and the secrets of `url` (the one it was sent to: its password and query values) taken
+    out wherever they stand, in the forms an answer echoes them (as sent, percent-encoded,
+    with `/` escaped as JSON may write it)."""
+    for secret in _secrets_of(url):
+        for form in {secret, urllib.parse.quote(secret, safe=""), secret.replace("/", "\\/")}:
+            text = text.replace(form, "…")
     return _URL_IN_TEXT.sub(_redacted, text)
+
+
+# A query value shorter than this is no secret (`?v=1`), and taking it out of an answer
+# would cut its words apart.
+MIN_SECRET_LENGTH = 4
+
+
+def _secrets_of(url: str) -> list[str]:
+    """The parts of `url` that may be secret: its password and its query's values, raw and
+    decoded, longest first (so that no shorter one cuts a longer one apart)."""
+    if not url:
+        return []
+    parts = urllib.parse.urlsplit(url)
+    found = {parts.password or ""}
+    for pair in parts.query.split("&"):
+        raw = pair.partition("=")[2]
+        found |= {raw, urllib.parse.unquote_plus(raw)}
+    return sorted((s for s in found if len(s) >= MIN_SECRET_LENGTH), key=len, reverse=True)
 
 
 def _redacted(found: re.Match[str]) -> str:

@@ -135,6 +135,19 @@ Index(
     sqlite_where=records.c.last_error.is_not(None),
     postgresql_where=records.c.last_error.is_not(None),
 )
+# The Retries and Dead lists of every line (`status` failed or dead, by id, newest first):
+# only the records in that status are in each, so PostgreSQL walks a list's own records in
+# order however few of the journal they are, and a record in another status costs these
+# nothing. (SQLite's planner, without statistics, takes the status's records from another
+# index and sorts them: 27 ms for 15,000 dead records among 300,000, measured.)
+TROUBLE_INDEXES = {"failed": "ix_records_failed_id", "dead": "ix_records_dead_id"}
+for _status, _name in TROUBLE_INDEXES.items():
+    Index(
+        _name,
+        records.c.id,
+        sqlite_where=records.c.status == _status,
+        postgresql_where=records.c.status == _status,
+    )
 
 
 def _keyed_sink(name: str) -> Table:

@@ -290,20 +290,6 @@ def _by_id(query: Any, *, after: str | None, newest: bool) -> Any:
     return query.order_by(records.c.id.desc() if newest else records.c.id)
 
 
-def list_records(
-    conn: Connection,
-    where: RecordFilter,
-    *,
-    limit: int,
-    after: str | None = None,
-    newest: bool = False,
-) -> list[Record]:
-    """Records matching `where`, by id (`newest`: newest first), after the cursor `after`
-    (keyset pagination)."""
-    query = _by_id(filtered(select(records).limit(limit), where), after=after, newest=newest)
-    return [Record.from_row(row) for row in conn.execute(query)]
-
-
 # How many records that have an error (and match the other filters) one page of a search
 # by an error's words reads at most: a page costs the same however large the journal and
 # however rare the words.
@@ -327,10 +313,11 @@ def find_records(
     newest: bool = False,
     scan: int = ERROR_SCAN,
 ) -> RecordPage:
-    """A page of `list_records`. A search by an error's words (`error_text`) reads at most
-    `scan` records with an error that match the other filters, by id from `after` through
-    the index of them: its page may hold fewer than `limit` records, none even, with a
-    cursor to go on from (the last record it read)."""
+    """A page of the records `where` selects, by id (`newest`: newest first) from after the
+    cursor `after` (keyset pagination). A search by an error's words (`error_text`) reads
+    at most `scan` records with an error that match the other filters, by id from `after`
+    through the index of them: its page may hold fewer than `limit` records, none even,
+    with a cursor to go on from (the last record it read)."""
     query = _by_id(filtered(select(records), where), after=after, newest=newest)
     bound = _walk_end(conn, where, after=after, newest=newest, scan=scan)
     if bound is not None:
@@ -370,7 +357,8 @@ _STATUSES = {status.value: status for status in RecordStatus}
 def list_record_keys(
     conn: Connection, where: RecordFilter, *, limit: int, after: str | None = None
 ) -> list[RecordKey]:
-    """`list_records`, reading only each record's `RecordKey`."""
+    """The records `where` selects, by id from after the cursor `after`, reading only each
+    record's `RecordKey`."""
     columns = (records.c.id, records.c.line, records.c.business_no, records.c.status)
     query = _by_id(filtered(select(*columns).limit(limit), where), after=after, newest=False)
     rows = conn.execute(query)

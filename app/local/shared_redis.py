@@ -36,6 +36,7 @@ class ForeignKeys:
     """The keys of another application found in the database."""
 
     count: int
+    # The first parts (up to the first `:`) of a few of them, never a whole key.
     samples: tuple[str, ...]
     # Whether the scan stopped at `SCAN_LIMIT` keys (`count` is then a lower bound).
     partial: bool
@@ -54,8 +55,10 @@ def foreign_keys(url: str, queues: Iterable[str], *, timeout_s: float = 5.0) -> 
             key = raw.decode("utf-8", errors="replace") if isinstance(raw, bytes) else str(raw)
             if not is_ours(key, names):
                 count += 1
-                if len(samples) < SAMPLES:
-                    samples.append(key)
+                # A key's first part only: a whole key may be a secret (`sess:<token>`).
+                prefix = key.split(":", 1)[0] + (":…" if ":" in key else "")
+                if len(samples) < SAMPLES and prefix not in samples:
+                    samples.append(prefix)
             if seen >= SCAN_LIMIT:
                 return ForeignKeys(count=count, samples=tuple(sorted(samples)), partial=True)
     finally:
@@ -70,7 +73,7 @@ def refusal(url: str, found: ForeignKeys) -> str:
     return (
         f"PIPELINE_REDIS_URL: the Redis at {masked_url(url)} is not one `pipeline up` "
         f"started, and its database holds {more}{found.count} key(s) of another application "
-        f"(e.g. {shown}); the pipeline's queues would sit beside them. Use an empty "
+        f"(their names begin {shown}); the pipeline's queues would sit beside them. Use an empty "
         "database (another number at the end of PIPELINE_REDIS_URL, e.g. /1, or stop that "
         "server so `pipeline up` starts its own), or share it knowingly: "
         "`pipeline up --share-redis` (or PIPELINE_REDIS_SHARED=true)"

@@ -19,7 +19,8 @@ from app.journal import audit, store
 from app.journal.models import RecordStatus
 from app.journal.store import RecordFilter
 from tests.support.journal import journal_records, run_records
-from tests.support.recorder import Received, _SmallServer
+from tests.support.processes import wait_for
+from tests.support.recorder import Received, Recorder, _SmallServer
 
 pytestmark = pytest.mark.journal
 
@@ -49,6 +50,11 @@ class Refusing(_SmallServer):
             return 422, REFUSAL.encode()
         if number.startswith("HUGE-"):
             return 500, ("é  overloaded\n" * (HUGE_BYTES // 15)).encode()
+        if number.startswith("LEAK-"):
+            # The secret as a JSON string escapes it, as a path-only echo, and bare.
+            echoed = json.dumps({"url": f"{self.url}{received.path}?token={SECRET}"})
+            echoed = echoed.replace("/", "\\/")  # as PHP and others write JSON
+            return 400, f"{echoed} Cannot POST /in?token={SECRET}; bad token {SECRET}".encode()
         if number.startswith("ECHO-"):
             query = urllib.parse.urlencode(received.query)
             return (
@@ -225,6 +231,45 @@ def test_a_secret_in_a_url_of_the_answer_is_redacted(harness, downstream):
     assert shown["last_error"].endswith(f"HTTP 400: {expected}")
     assert SECRET not in json.dumps(shown)
     assert "pw@" not in json.dumps(shown)
+
+
+def test_the_lines_secret_is_redacted_in_every_form_an_answer_echoes_it(harness, downstream):
+    _rt, (leak,) = shipments(harness, downstream, ["LEAK-1"])
+    client = harness.start_intake()
+    shown = client.get(f"/v1/records/{leak}").json()
+    [attempt] = shown["attempt_history"]
+    assert attempt["http_status"] == 400
+    assert "Cannot POST /in?token=" in attempt["http_answer"]
+    assert SECRET not in json.dumps(shown), shown
+    assert SECRET not in attempt["http_answer"]
+    assert SECRET not in shown["last_error"]
+
+
+def test_a_dead_records_alert_names_the_status_but_not_the_downstreams_words(harness, downstream):
+    hooks = Recorder().start()
+    try:
+        harness.configure(
+            alert_webhooks=json.dumps([{"kind": "generic", "url": f"{hooks.url}/hook"}]),
+            lines__shipment__downstream_url=f"{downstream.url}/in",
+            lines__shipment__max_attempts="1",
+        )
+        rt = harness.runtime()
+        ids = journal_records(
+            rt, [{"business_no": "BAD-1"}], line="shipment", status=RecordStatus.ENQUEUED
+        )
+        run_records(rt, ids)
+        wait_for(hooks.snapshot, timeout_s=10, what="the TASK_DEAD message")
+        [message] = [r.body for r in hooks.snapshot() if r.body["event"] == "TASK_DEAD"]
+        assert message["details"]["error"] == f"DeliveryFailed: POST {downstream.url}/in: HTTP 422"
+        assert "unknown sku" not in json.dumps(message)
+        # The record itself keeps them.
+        with rt.journal.reading() as conn:
+            record = store.get_record(conn, ids[0])
+        assert record is not None
+        assert record.last_error is not None
+        assert record.last_error.endswith(f"HTTP 422: {REFUSAL}")
+    finally:
+        hooks.stop()
 
 
 def test_records_page_newest_first_with_their_cursor(harness):

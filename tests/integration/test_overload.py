@@ -166,9 +166,9 @@ def test_a_flooded_status_line_does_not_starve_the_order_line(harness):
 
     backlog = rt.redis.llen("status")
     with rt.engine.connect() as conn:
-        unfinished = store.list_records(
+        unfinished = store.find_records(
             conn, RecordFilter(line="status", statuses=[]), limit=10_000
-        )
+        ).items
     not_done = sum(1 for r in unfinished if r.status.value != "done")
     assert backlog > 0
     assert not_done > 0  # the status backlog was still there when the orders were done

@@ -138,7 +138,9 @@ def test_a_paused_line_is_deferred_at_intake_swept_by_nobody_and_held_back_by_wo
     assert after.status is RecordStatus.DEFERRED
     rt.sweeper.sweep(now=utcnow())
     with rt.journal.reading() as conn:
-        statuses = {r.id: r.status for r in store.list_records(conn, store.RecordFilter(), limit=9)}
+        statuses = {
+            r.id: r.status for r in store.find_records(conn, store.RecordFilter(), limit=9).items
+        }
     assert statuses.pop(store_id(3)) is RecordStatus.ENQUEUED  # still its attempt's
     assert {s for i, s in statuses.items() if i != store_id(11)} == {RecordStatus.ENQUEUED}
     # Pushed oldest first (LPUSH: the oldest is at the tail, where workers take from).

@@ -1,5 +1,6 @@
-"""The start of a downstream's answer on an attempt's row, and the records that have an
-error by id (a search by an error's words walks only them).
+"""The start of a downstream's answer on an attempt's row; the records that have an error
+by id (a search by an error's words walks only them); the failed and the dead records by
+id (the Retries and Dead lists of every line walk only them, in order).
 
 Revision ID: 0011
 Revises: 0010
@@ -17,6 +18,7 @@ branch_labels = None
 depends_on = None
 
 ERRORS_INDEX = "ix_records_id_with_error"
+TROUBLE_INDEXES = {"failed": "ix_records_failed_id", "dead": "ix_records_dead_id"}
 
 
 def upgrade() -> None:
@@ -29,9 +31,14 @@ def upgrade() -> None:
     op.create_index(
         ERRORS_INDEX, "records", ["id"], sqlite_where=has_error, postgresql_where=has_error
     )
+    for status, name in TROUBLE_INDEXES.items():
+        within = sa.text(f"status = '{status}'")
+        op.create_index(name, "records", ["id"], sqlite_where=within, postgresql_where=within)
 
 
 def downgrade() -> None:
+    for name in TROUBLE_INDEXES.values():
+        op.drop_index(name, table_name="records")
     op.drop_index(ERRORS_INDEX, table_name="records")
     with op.batch_alter_table("record_attempts") as batch:
         batch.drop_column("http_answer")
