@@ -173,10 +173,11 @@ def _postponed(rt: Runtime, not_run: list[str]) -> list[str]:
     waiting: dict[tuple[WaitingFor, str], list[Record]] = {}
     try:
         with rt.journal.reading("the records a message did not run") as conn:
-            for record_id in not_run:
-                record = store.get_record(conn, record_id)
-                why = waiting_for(record) if record is not None else None
-                if record is not None and why is not None:
+            where = store.RecordFilter(ids=tuple(not_run))
+            found = store.find_records(conn, where, limit=len(not_run))
+            for record in found.items:
+                why = waiting_for(record)
+                if why is not None:
                     reason = (record.last_error or "").removeprefix(NOT_ATTEMPTED)
                     waiting.setdefault((why, reason), []).append(record)
     except JournalUnavailable as exc:
