@@ -92,6 +92,7 @@ def rows(figures: dict[str, Any]) -> list[tuple[str, str, str, str]]:
             )
         )
     found += _journal_rows(figures)
+    found += _error_search_rows(figures)
     isolation = figures.get("isolation")
     if isolation:
         alone, flooded, busy = isolation["alone"], isolation["flooded"], isolation["busy"]
@@ -233,6 +234,58 @@ def _journal_rows(figures: dict[str, Any]) -> list[tuple[str, str, str, str]]:
                 _ratio(during["p99_ms"], alone["p99_ms"]),
             )
         )
+    return found
+
+
+# The error search's rows: its figures' names, and what each row measured.
+ERROR_SEARCHES = {
+    "rare_oldest": "rare word, one page, oldest first",
+    "rare_newest": "rare word, one page, newest first",
+    "rare_to_end": "rare word, every page",
+    "rare_line_dead": "rare word + line + status=dead, every page",
+    "common_first_page": "common word, first page",
+}
+# The row of a bulk retry's dry run (its count).
+ERROR_SEARCH_DRY_RUN = "bulk dry run, rare word + line + status=dead"
+
+
+def _error_search_rows(figures: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """`GET /v1/records?error=…` on a large journal: each search's median beside a page of
+    the same journal without an error filter; the bulk dry run's count."""
+    search = figures.get("error_search")
+    if not search:
+        return []
+    journal = (
+        f"{search['rows']:,} records, {search['with_error']:,} with an error, "
+        f"pages of {search['page']}"
+    )
+    plain = search["no_error_filter"]
+    reference = (
+        "no error filter (line + status, newest first), one page: median "
+        f"{plain['median_ms']:.1f} ms · {plain['found']} found"
+    )
+    found: list[tuple[str, str, str, str]] = []
+    for name, what in ERROR_SEARCHES.items():
+        run = search[name]
+        found.append(
+            (
+                f"error search: {what} ({journal})",
+                f"median {run['median_ms']:.1f} ms of {search['runs']} · {run['found']} found "
+                f"in {run['pages']} page(s)",
+                reference,
+                _ratio(run["median_ms"], plain["median_ms"]),
+            )
+        )
+    dry = search["dry_run"]
+    found.append(
+        (
+            f"error search: {ERROR_SEARCH_DRY_RUN} ({journal})",
+            f"median {dry['median_ms']:.1f} ms of {search['runs']} · {dry['matched']} "
+            f"matched, {dry['acted']} to retry",
+            reference,
+            _ratio(dry["median_ms"], plain["median_ms"]),
+        )
+    )
     return found
 
 

@@ -161,6 +161,9 @@ class Bench(BenchStack):
     def retention(self) -> None:
         journal_scenarios.retention(self)
 
+    def error_search(self) -> None:
+        journal_scenarios.error_search(self)
+
     def isolation(self) -> None:
         """Order latencies alone, beside busy loops (the floor), while the status line is
         flooded, and while it is flooded with its `intake_rate` at `PACED_SHARE` of what the
@@ -347,7 +350,16 @@ def _aware(moment: datetime) -> datetime:
     return as_utc(moment)
 
 
-SCENARIOS = ("intake", "end_to_end", "delivery", "replay", "polled", "retention", "isolation")
+SCENARIOS = (
+    "intake",
+    "end_to_end",
+    "delivery",
+    "replay",
+    "polled",
+    "retention",
+    "error_search",
+    "isolation",
+)
 
 
 def run_bench(

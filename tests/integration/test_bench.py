@@ -7,10 +7,11 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from app.bench.report import rows
+from app.bench.report import ERROR_SEARCH_DRY_RUN, ERROR_SEARCHES, rows
 
 PIPELINE = str(Path(sys.executable).with_name("pipeline"))
 ROWS = [
@@ -24,6 +25,7 @@ ROWS = [
     "intake beside 8 pollers",
     "retention: ",
     "intake during the retention",
+    *(f"error search: {what}" for what in (*ERROR_SEARCHES.values(), ERROR_SEARCH_DRY_RUN)),
     "isolation's floor: order p99 beside",
     "isolation: order p99",
     "isolation, the status line's INTAKE_RATE",
@@ -129,6 +131,7 @@ def test_quick_bench_completes_and_prints_every_row(harness, tmp_path):
         assert load["requests"] > 0
         assert load["non_2xx"] == 0, load
     assert retention["deleted"] == retention["rows"] == 20_000
+    _check_error_search(figures["error_search"], rows=20_000)
     assert figures["isolation"]["alone"]["records"] > 0
     assert figures["isolation"]["busy"]["records"] > 0
     assert figures["isolation"]["busy_loops"] >= 1
@@ -140,3 +143,44 @@ def test_quick_bench_completes_and_prints_every_row(harness, tmp_path):
     assert figures["isolation"]["paced_intake_rate"] >= 1
     assert figures["machine"]["database"].startswith("postgresql")
     print("\n" + table)
+
+
+@pytest.mark.journal
+@pytest.mark.timeout(180)
+def test_quick_error_search_finds_every_rare_record(harness, tmp_path):
+    """`pipeline bench --quick --scenario error_search` on the pass's database: its rows,
+    and searches that found what the journal it filled holds."""
+    saved = tmp_path / "bench.json"
+    env = {k: v for k, v in harness.env.items() if not k.startswith("PIPELINE_")}
+    database = harness.env["PIPELINE_DATABASE_URL"]
+    argv = [PIPELINE, "bench", "--quick", "--scenario", "error_search", "--save", str(saved)]
+    done = subprocess.run(
+        [*argv, "--database-url", database],
+        env={**env, "COLUMNS": "200"},
+        capture_output=True,
+        text=True,
+        timeout=150,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    figures = json.loads(saved.read_text())
+    assert len(rows(figures)) == len(ERROR_SEARCHES) + 1
+    for row in ROWS:
+        if row.startswith("error search: "):
+            assert row in done.stdout, f"{row!r} missing from:\n{done.stdout}"
+    _check_error_search(figures["error_search"], rows=20_000)
+
+
+def _check_error_search(search: dict[str, Any], *, rows: int) -> None:
+    """The error search's figures: its journal, and what each search found in it."""
+    assert search["rows"] == rows
+    assert search["with_error"] == rows // 20
+    assert search["rare_to_end"]["found"] == 40, search
+    for name in ("rare_oldest", "rare_newest", "rare_line_dead"):
+        assert 0 < search[name]["found"] <= 40, (name, search)
+        assert search[name]["pages"] >= 1, (name, search)
+    assert search["common_first_page"]["found"] == search["no_error_filter"]["found"] == 100
+    dry = search["dry_run"]
+    assert dry["matched"] == dry["acted"] == search["rare_line_dead"]["found"], search
+    for name in (*ERROR_SEARCHES, "no_error_filter", "dry_run"):
+        assert search[name]["median_ms"] > 0, (name, search)
