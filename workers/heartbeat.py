@@ -170,7 +170,8 @@ class Heartbeat:
                 restarts_pending=pending,
                 exiting=True,
             )
-        # Sent before the process goes, even when the throttle folded it into a window.
+        # Written to Redis and sent before the process goes: `close` writes the conditions
+        # raised and sends what is queued, without waiting for the sender's next flush.
         self.alerts.close()
         exit_timer = threading.Timer(self.exit_after_s, self._exit_now)
         exit_timer.daemon = True  # a shutdown that ends first ends the process with it

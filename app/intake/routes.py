@@ -168,16 +168,18 @@ def alerts(
 ) -> dict[str, Any]:
     """The incidents (condition alerts: `open` or `resolved`, with when they opened, were
     last raised and resolved, and how long they lasted) and the point events (`state`
-    `event`: a record died, a replay finished…), newest change first (admin: they name
-    records, business numbers and actors). Each has its reason (the message), its figures
-    (numbers and names, never an error's text) and whether a dry run raised it."""
+    `event`: a record died, a replay finished…): the open incidents first, then the rest,
+    each part newest change first, so that `limit` never hides an incident still open
+    (admin: they name records, business numbers and actors). Each has its reason (the
+    message), its figures (numbers and names, never an error's text) and whether a dry run
+    raised it."""
     try:
         items = history(rt.redis)
     except BrokerUnavailable as exc:
         raise BrokerUnavailable("the alert history is unavailable") from exc
     now = utcnow()
     shown = [alert_view(item, now=now) for item in items]
-    shown.sort(key=lambda alert: str(alert["time"] or ""), reverse=True)
+    shown.sort(key=lambda alert: (alert["state"] == "open", str(alert["time"] or "")), reverse=True)
     if dry_run is not None:
         shown = [alert for alert in shown if alert["dry_run"] is dry_run]
     return {"alerts": shown[:limit]}

@@ -6,10 +6,15 @@ Two kinds of alert (`app.observe.incidents.CONDITIONS`):
 
 - a condition (no live worker, a backlog, an open circuit, Redis or the journal away…) is
   an incident per (event, line), kept in Redis where every process sees it: the message
-  goes out once, when it opens; raising it again while it is open only counts it; the
-  monitor resolves it (`settle`) when it finds the condition no longer true, and that
-  sends one `RESOLVED` message. While Redis does not answer, the process holds the
-  incidents it raised itself and stores them once Redis is back.
+  goes out once, when it opens; raising it again while it is open only counts it. Raises
+  are folded in memory (a count, the latest message and figures) and written at most once
+  per `FLUSH_INTERVAL_S`, however many there are (the intake raises `QUEUE_FULL` once per
+  record that did not fit), and the queued messages go out between two writes. The
+  monitor resolves it (`settle`) once it has found the condition no longer true for
+  `alert_window_seconds` (or half a monitor interval, if longer): a condition that comes
+  and goes within that stays one incident; that sends one `RESOLVED` message. While Redis
+  does not answer, the process holds the incidents it raised itself and stores them once
+  Redis is back (at the sender's next wake-up, raised again or not).
 - a point event (a record died, a replay finished…) is sent at most once per (event, line)
   per `alert_window_seconds`, with how many events were folded into it; the folded tail is
   sent when its window closes."""
@@ -48,8 +53,12 @@ log = get_logger(__name__)
 
 # A webhook that has not answered within this is given up on for that message.
 WEBHOOK_TIMEOUT_S = 5.0
-# How often the sender looks for folded counts whose window has closed.
+# How often the sender writes the conditions raised and the monitor's verdicts to Redis,
+# and looks for folded counts whose window has closed.
 FLUSH_INTERVAL_S = 0.5
+# How long the sender waits, idle, before trying again to store the incidents it held
+# while Redis was away, after a try that failed.
+HAND_OVER_RETRY_S = 2.0
 
 
 # The log line's own fields: a detail of the same name is left out of it.
@@ -116,13 +125,17 @@ class Alerter:
         self._clock = clock
         self._telemetry = telemetry
         self._book = IncidentBook(telemetry.client) if telemetry is not None else None
-        # An incident resolves only when not raised for this long: half a monitor run,
-        # so the monitor's own raise of the run before never holds it open, while one
-        # raised by another process just now does.
-        self._quiet_s = settings.monitor_interval_seconds / 2
+        # An incident resolves only once its condition was quiet (neither raised nor judged
+        # present) for this long: a condition hovering at its threshold stays one
+        # incident, and one that is gone resolves about this long after. At least half a
+        # monitor run, so the monitor's own raise of the run before never holds it open.
+        self._quiet_s = max(settings.alert_window_seconds, settings.monitor_interval_seconds / 2)
         # An incident held while Redis was away and not raised for this long is forgotten:
         # the monitor would have resolved it by now had Redis known of it.
-        self._held_for_s = settings.monitor_interval_seconds * 2
+        self._held_for_s = max(
+            settings.monitor_interval_seconds * 2,
+            self._quiet_s + settings.monitor_interval_seconds,
+        )
         self._throttle = Throttle(window_s=settings.alert_window_seconds)
         self._buffer: deque[AlertEvent] = deque()
         self._buffer_size = settings.alert_buffer_size
@@ -135,9 +148,13 @@ class Alerter:
         # Conditions raised and verdicts given, waiting for the sender to write them.
         self._touches: dict[Key, _Touch] = {}
         self._settles: list[tuple[frozenset[Key], datetime]] = []
+        # When the monitor last judged each condition present (its verdicts, this process).
+        self._present_at: dict[Key, datetime] = {}
         self._working = 0
-        # Incidents this process opened while Redis did not answer (the sender's alone).
+        # Incidents this process opened while Redis did not answer (the sender's alone),
+        # and when (monotonic) an idle sender may next try to store them.
         self._held: dict[Key, Incident] = {}
+        self._hand_over_at = 0.0
 
     def raise_event(self, event: Event, *, line: str | None, message: str, **details: Any) -> None:
         """Report `event`. Never raises, never waits on a webhook or on Redis."""
@@ -153,8 +170,8 @@ class Alerter:
                     self._touches[key] = _Touch(
                         count=count, time=now, message=message, details=details
                     )
+                    # Written at the sender's next flush: no wake-up per raise.
                     self._start()
-                    self._wake.notify()
                     return
                 alert = AlertEvent(
                     event=event, line=line, time=now, count=1, message=message, details=details
@@ -167,14 +184,17 @@ class Alerter:
 
     def settle(self, *, judged: Iterable[Key], present: Iterable[Key]) -> None:
         """The monitor's verdict of one run: of the conditions it `judged`, those not
-        `present` are no longer true, and their open incidents resolve (unless raised
-        within the last half monitor interval). Never raises, never waits."""
+        `present` are no longer true, and their open incidents resolve once quiet (neither
+        raised nor judged present) for `alert_window_seconds`. Never raises, never waits."""
         try:
-            cleared = frozenset(judged) - frozenset(present)
+            now = self._clock()
+            present = frozenset(present)
+            cleared = frozenset(judged) - present
             with self._lock:
-                self._settles.append((cleared, self._clock()))
+                for key in present:
+                    self._present_at[key] = now
+                self._settles.append((cleared, now))
                 self._start()
-                self._wake.notify()
         except Exception:
             log.exception("alert_settle_failed")
 
@@ -215,15 +235,22 @@ class Alerter:
         self._wake.notify()
 
     def _run(self) -> None:
+        # Writes at most once per FLUSH_INTERVAL_S (and while closing), and sends the queued
+        # messages in between: a flood of raises costs one write per interval, and never
+        # holds back a message.
+        next_write = time.monotonic()
         with httpx.Client(timeout=WEBHOOK_TIMEOUT_S, follow_redirects=False) as client:
             while True:
-                if self._keep_pending():
-                    continue
+                with self._lock:
+                    closing = self._closing
+                if closing or time.monotonic() >= next_write:
+                    self._keep_pending()
+                    next_write = time.monotonic() + FLUSH_INTERVAL_S
                 with self._lock:
                     if not self._buffer:
-                        if self._closing:
+                        if self._closing and not (self._touches or self._settles):
                             return
-                        self._wake.wait(timeout=FLUSH_INTERVAL_S)
+                        self._wake.wait(timeout=max(0.0, next_write - time.monotonic()))
                         continue
                     alert = self._buffer.popleft()
                     dropped, self._dropped = self._dropped, 0
@@ -238,20 +265,21 @@ class Alerter:
 
     # The incidents: the sender's thread alone runs these.
 
-    def _keep_pending(self) -> bool:
-        """Release the folded counts of closed windows, write the conditions raised and
-        resolve what the verdicts cleared; returns whether there was any to write."""
+    def _keep_pending(self) -> None:
+        """Release the folded counts of closed windows, write the conditions raised, store
+        the incidents held while Redis was away and resolve what the verdicts cleared."""
         with self._lock:
             for _key, last, count in self._throttle.due(now_s=time.monotonic()):
                 self._emit(replace(last, count=count))
             touches, self._touches = self._touches, {}
             settles, self._settles = self._settles, []
-            if not (touches or settles):
-                return False
+            present_at = dict(self._present_at)
+            if not (touches or settles or self._held):
+                return
             self._working += 1
         alerts: list[AlertEvent] = []
         try:
-            alerts = self._keep(touches, settles)
+            alerts = self._keep(touches, settles, present_at)
         except Exception:
             log.exception("incidents_failed")
         finally:
@@ -262,24 +290,30 @@ class Alerter:
                 except Exception:
                     log.exception("alert_emit_failed")
                 self._working -= 1
-        return True
 
     def _keep(
-        self, touches: dict[Key, _Touch], settles: list[tuple[frozenset[Key], datetime]]
+        self,
+        touches: dict[Key, _Touch],
+        settles: list[tuple[frozenset[Key], datetime]],
+        present_at: dict[Key, datetime],
     ) -> list[AlertEvent]:
         """Write the conditions raised, then resolve what the verdicts cleared; returns the
         messages to send."""
         alerts = [alert for key, touch in touches.items() for alert in self._touch(key, touch)]
-        self._hand_over(skip=touches.keys())
+        self._hand_over(skip=touches.keys(), idle=not (touches or settles))
         for cleared, at in settles:
-            alerts += self._resolve(cleared, at=at)
+            alerts += self._resolve(cleared, at=at, present_at=present_at)
         return alerts
 
-    def _hand_over(self, *, skip: Iterable[Key]) -> None:
+    def _hand_over(self, *, skip: Iterable[Key], idle: bool) -> None:
         """Store the incidents held while Redis was away (but those of `skip`, just
-        written), so that the monitor can resolve them."""
-        if self._book is None:
+        written), so that the monitor can resolve them. An `idle` sender (nothing else to
+        write) tries at most every `HAND_OVER_RETRY_S` while Redis does not answer."""
+        if self._book is None or not self._held:
             return
+        if idle and time.monotonic() < self._hand_over_at:
+            return
+        self._hand_over_at = time.monotonic() + HAND_OVER_RETRY_S
         for key in self._held.keys() - set(skip):
             held = self._held[key]
             try:
@@ -330,8 +364,14 @@ class Alerter:
         self._held[key] = incident
         return [opening_alert(incident)]
 
-    def _resolve(self, cleared: frozenset[Key], *, at: datetime) -> list[AlertEvent]:
+    def _resolve(
+        self, cleared: frozenset[Key], *, at: datetime, present_at: dict[Key, datetime]
+    ) -> list[AlertEvent]:
         quiet_since = at - timedelta(seconds=self._quiet_s)
+        # Judged present within the quiet time: not quiet yet, whatever its last raise.
+        cleared = frozenset(
+            key for key in cleared if not present_at.get(key, quiet_since) > quiet_since
+        )
         alerts = []
         for key in cleared & self._held.keys():
             incident = self._held[key]

@@ -8,15 +8,17 @@ figures; no message), and resolved when the monitor finds the condition no longe
 
 They live in Redis, where every process sees them: the open ones in one hash (a field per
 (event, line), so at most one per condition event and line), the resolved ones in a list
-trimmed to `RECENT_RESOLVED`. Writes are optimistic transactions on the hash (`WATCH`): two
-processes that open the same incident at once make one incident and one message."""
+trimmed to `RECENT_RESOLVED`. Each write is one Lua script on one field (`TOUCH` opens or
+updates it, `RESOLVE` moves it to the history only if it is still as it was read): two
+processes that open the same incident at once make one incident and one message, and
+processes writing at once never make each other try again."""
 
 from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, replace
-from datetime import datetime
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
 from typing import Any
 
 import redis
@@ -33,8 +35,47 @@ RECENT_RESOLVED = 50
 # At most this many open incidents: there is one per condition event and line, so a
 # registry of lines stays far below it; past it a new one is held by the process alone.
 MAX_OPEN = 1000
-# How often an optimistic write is tried again when another process wrote meanwhile.
-WRITE_TRIES = 8
+
+# KEYS[1]: the open hash. ARGV[1]: the field; ARGV[2]: `MAX_OPEN`; ARGV[3]: the incident to
+# store when the field has none (a new one, or one held while Redis was away); ARGV[4]:
+# the count to add; ARGV[5]: the time of the touch (`stamp`); ARGV[6], ARGV[7]: the latest
+# message and figures, each as JSON. Returns {1, stored} when it opened the incident, {0,
+# stored} when it updated it, {-1} when the hash is full. An update keeps the stored
+# incident's identity (id, opening time), adds the count, keeps the later of the two times
+# (`stamp` sorts as text) and takes the latest message and figures, as given: only the
+# incident's plain fields go through cjson.
+TOUCH = """
+local current = redis.call('HGET', KEYS[1], ARGV[1])
+local ok, incident = false, nil
+if current then ok, incident = pcall(cjson.decode, current) end
+if not ok or type(incident) ~= 'table' then
+    if not current and redis.call('HLEN', KEYS[1]) >= tonumber(ARGV[2]) then return {-1} end
+    redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
+    return {1, ARGV[3]}
+end
+incident.count = (tonumber(incident.count) or 0) + tonumber(ARGV[4])
+if type(incident.updated_at) ~= 'string' or ARGV[5] > incident.updated_at then
+    incident.updated_at = ARGV[5]
+end
+incident.message = nil
+incident.details = nil
+local head = cjson.encode(incident)
+local stored = string.sub(head, 1, -2) .. ',"message":' .. ARGV[6] .. ',"details":' ..
+    ARGV[7] .. '}'
+redis.call('HSET', KEYS[1], ARGV[1], stored)
+return {0, stored}
+"""
+
+# KEYS[1]: the open hash, KEYS[2]: the resolved list. ARGV[1]: the field; ARGV[2]: its
+# incident as read; ARGV[3]: that incident resolved; ARGV[4]: `RECENT_RESOLVED`. Moves it
+# to the history only if it is unchanged (not raised since it was read); returns 1 if so.
+RESOLVE = """
+if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then return 0 end
+redis.call('HDEL', KEYS[1], ARGV[1])
+redis.call('LPUSH', KEYS[2], ARGV[3])
+redis.call('LTRIM', KEYS[2], 0, tonumber(ARGV[4]) - 1)
+return 1
+"""
 
 # The events that are conditions (true for a while, then not): incidents. Every other
 # event is a point event (a record died, a replay finished), folded per window.
@@ -56,6 +97,14 @@ Key = tuple[Event, str | None]
 def field_of(key: Key) -> str:
     event, line = key
     return f"{event.value}|{line or ''}"
+
+
+def stamp(at: datetime) -> str:
+    """`at` as stored: ISO 8601 in UTC with microseconds, so that two stamps sort as text
+    in the order of their times."""
+    if at.tzinfo is not None:
+        at = at.astimezone(UTC)
+    return at.isoformat(timespec="microseconds")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -91,9 +140,9 @@ class Incident:
                 "id": self.id,
                 "event": self.event.value,
                 "line": self.line,
-                "opened_at": self.opened_at.isoformat(),
-                "updated_at": self.updated_at.isoformat(),
-                "resolved_at": self.resolved_at.isoformat() if self.resolved_at else None,
+                "opened_at": stamp(self.opened_at),
+                "updated_at": stamp(self.updated_at),
+                "resolved_at": stamp(self.resolved_at) if self.resolved_at else None,
                 "count": self.count,
                 "message": self.message,
                 "details": self.details,
@@ -163,6 +212,13 @@ class IncidentBook:
     answer."""
 
     client: redis.Redis
+    _touch: Any = field(init=False, repr=False, compare=False)
+    _resolve: Any = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # Registering computes the scripts' digests; it does not talk to Redis.
+        object.__setattr__(self, "_touch", self.client.register_script(TOUCH))
+        object.__setattr__(self, "_resolve", self.client.register_script(RESOLVE))
 
     def touch(
         self,
@@ -174,34 +230,34 @@ class IncidentBook:
         now: datetime,
         held: Incident | None = None,
     ) -> tuple[Incident, bool]:
-        """Open the incident of `key`, or update it when open; returns it and whether this
-        call opened it. `held`: the incident this process opened while Redis was away,
-        stored as it is (with this touch) when Redis has none. Raises `BookFull`."""
-        field = field_of(key)
-        for _ in range(WRITE_TRIES):
-            with self.client.pipeline(transaction=True) as pipe:
-                try:
-                    pipe.watch(OPEN_KEY)  # type: ignore[no-untyped-call]
-                    raw = pipe.hget(OPEN_KEY, field)
-                    current = Incident.from_json(raw) if raw is not None else None
-                    if current is None and pipe.hlen(OPEN_KEY) >= MAX_OPEN:
-                        raise BookFull(field)
-                    base = current or held
-                    if base is None:
-                        incident = new_incident(
-                            key, count=count, message=message, details=details, now=now
-                        )
-                    else:
-                        incident = touched(
-                            base, count=count, message=message, details=details, now=now
-                        )
-                    pipe.multi()
-                    pipe.hset(OPEN_KEY, field, incident.to_json())
-                    pipe.execute()
-                except redis.WatchError:
-                    continue
-                return incident, current is None
-        raise redis.RedisError(f"incident {field} kept changing under the write")
+        """Open the incident of `key`, or update it when open (one script: atomic, and
+        never in conflict with another process's write); returns it and whether this call
+        opened it. `held`: the incident this process opened while Redis was away, stored
+        as it is (with this touch) when Redis has none. Raises `BookFull`."""
+        if held is None:
+            fresh = new_incident(key, count=count, message=message, details=details, now=now)
+        else:
+            fresh = touched(held, count=count, message=message, details=details, now=now)
+        as_json = fresh.to_json()
+        answer = self._touch(
+            keys=[OPEN_KEY],
+            args=[
+                field_of(key),
+                MAX_OPEN,
+                as_json,
+                count,
+                stamp(now),
+                json.dumps(message),
+                json.dumps(details, default=str),
+            ],
+        )
+        opened = int(answer[0])
+        if opened < 0:
+            raise BookFull(field_of(key))
+        stored = Incident.from_json(answer[1]) if len(answer) > 1 else None
+        if stored is None:  # not read back as written: what this call meant to store
+            stored = fresh
+        return stored, opened == 1
 
     def open_incidents(self) -> list[Incident]:
         raw = self.client.hvals(OPEN_KEY)
@@ -211,27 +267,18 @@ class IncidentBook:
     def resolve(self, key: Key, *, now: datetime, quiet_since: datetime) -> Incident | None:
         """Resolve the open incident of `key` unless it was raised after `quiet_since`;
         returns it resolved, or None when there was none to resolve (another process
-        resolved it, or it was raised meanwhile)."""
-        field = field_of(key)
-        for _ in range(WRITE_TRIES):
-            with self.client.pipeline(transaction=True) as pipe:
-                try:
-                    pipe.watch(OPEN_KEY)  # type: ignore[no-untyped-call]
-                    raw = pipe.hget(OPEN_KEY, field)
-                    current = Incident.from_json(raw) if raw is not None else None
-                    if current is None or current.updated_at > quiet_since:
-                        pipe.unwatch()
-                        return None
-                    resolved = replace(current, resolved_at=now)
-                    pipe.multi()
-                    pipe.hdel(OPEN_KEY, field)
-                    pipe.lpush(RESOLVED_KEY, resolved.to_json())
-                    pipe.ltrim(RESOLVED_KEY, 0, RECENT_RESOLVED - 1)
-                    pipe.execute()
-                except redis.WatchError:
-                    continue
-                return resolved
-        return None
+        resolved it, or it was raised meanwhile: the next verdict judges it again)."""
+        field_name = field_of(key)
+        raw = self.client.hget(OPEN_KEY, field_name)
+        current = Incident.from_json(raw) if raw is not None else None
+        if current is None or current.updated_at > quiet_since:
+            return None
+        resolved = replace(current, resolved_at=now)
+        moved = self._resolve(
+            keys=[OPEN_KEY, RESOLVED_KEY],
+            args=[field_name, raw, resolved.to_json(), RECENT_RESOLVED],
+        )
+        return resolved if int(moved) == 1 else None
 
     def remember_resolved(self, incident: Incident) -> None:
         """Keep `incident` (resolved by a process that held it alone) in the history."""

@@ -7,11 +7,19 @@ import base64
 import hashlib
 import hmac
 import json
+import multiprocessing
 import time
+from typing import Any
 
 import pytest
 
+from app.clock import utcnow
+from app.observe.alerts import FLUSH_INTERVAL_S, Alerter
 from app.observe.events import Event
+from app.observe.incidents import IncidentBook
+from app.observe.telemetry import Telemetry
+from app.redis_client import make_redis, redis_options
+from app.settings import load_settings
 from tests.support.processes import wait_for
 from tests.support.recorder import Recorder, SilentServer
 
@@ -222,3 +230,108 @@ def test_a_webhook_that_never_answers_costs_the_intake_nothing(harness):
         assert silent.held  # the alerts did go out, and hang there
     finally:
         silent.stop()
+
+
+FLOOD_S = 4.0
+FLOOD_RAISES = 2000
+
+
+def _flood(n: int, ready: Any, go: Any, out: Any) -> None:
+    """One process of the flood: raises QUEUE_FULL in a tight loop for `FLOOD_S` (and at
+    least `FLOOD_RAISES` times); process 0 raises CALLER_RUNS a second in."""
+    settings = load_settings()
+    client = make_redis(settings.redis_url, redis_options(settings))
+    telemetry = Telemetry(client, interval_s=3600)
+    alerter = Alerter(settings, clock=utcnow, telemetry=telemetry)
+    raised, caller_runs_at = 0, None
+    try:
+        ready.put(n)
+        go.wait(timeout=30)
+        started = time.monotonic()
+        while time.monotonic() - started < FLOOD_S or raised < FLOOD_RAISES:
+            alerter.raise_event(
+                Event.QUEUE_FULL,
+                line="order",
+                message="queue 'order' is full (1/1); policy caller_runs",
+                depth=1,
+                limit=1,
+                policy="caller_runs",
+            )
+            raised += 1
+            if n == 0 and caller_runs_at is None and time.monotonic() - started >= 1.0:
+                caller_runs_at = time.monotonic()  # system-wide: comparable across processes
+                alerter.raise_event(Event.CALLER_RUNS, line="order", message="the caller ran it")
+        flushed = alerter.flush(timeout_s=15)
+    finally:
+        alerter.close()
+        telemetry.close()
+        client.close()
+    out.put((n, raised, caller_runs_at, flushed))
+
+
+def _script_calls(client: Any) -> int:
+    """How many Lua scripts Redis has run (the incidents' writes are scripts)."""
+    stats = client.info("commandstats")
+    return sum(
+        int(stats.get(name, {}).get("calls", 0)) for name in ("cmdstat_eval", "cmdstat_evalsha")
+    )
+
+
+def test_a_flood_of_queue_full_from_three_processes_is_one_message_and_lets_events_through(
+    harness,
+):
+    # The intake raises QUEUE_FULL once per record that did not fit: under a flood, three
+    # processes raise it thousands of times at once. Their raises are folded and written
+    # at most once per flush, so the incident opens once (one message), every raise is
+    # counted, and a point event raised meanwhile goes out at once, not after the flood.
+    recorder = Recorder().start()
+    harness.configure(
+        alert_window_seconds="60",
+        alert_webhooks=json.dumps([{"kind": "generic", "url": f"{recorder.url}/generic"}]),
+    )
+    context = multiprocessing.get_context("spawn")
+    ready, out, go = context.Queue(), context.Queue(), context.Event()
+    processes = [context.Process(target=_flood, args=(n, ready, go, out)) for n in range(3)]
+
+    def sent(event: str) -> list:
+        return [r for r in recorder.snapshot() if r.body and r.body.get("event") == event]
+
+    redis_client = harness.runtime().redis
+    try:
+        for process in processes:
+            process.start()
+        for _ in processes:
+            ready.get(timeout=60)
+        scripts_before = _script_calls(redis_client)
+        started = time.monotonic()
+        go.set()
+        results = sorted(out.get(timeout=FLOOD_S + 60) for _ in processes)
+        elapsed = time.monotonic() - started
+        # At most one write of the incident per process and flush interval (and a last
+        # one at close), not one per raise nor a tight loop of them.
+        writes = _script_calls(redis_client) - scripts_before
+        assert writes <= len(processes) * (elapsed / FLUSH_INTERVAL_S + 3)
+        for process in processes:
+            process.join(timeout=10)
+        assert all(flushed for _n, _raised, _at, flushed in results)
+        raised = [count for _n, count, _at, _flushed in results]
+        assert min(raised) >= FLOOD_RAISES
+        caller_runs_at = results[0][2]
+        assert caller_runs_at is not None
+
+        wait_for(lambda: sent("CALLER_RUNS"), timeout_s=10, what="CALLER_RUNS")
+        (caller_runs,) = sent("CALLER_RUNS")
+        assert caller_runs.at_s - caller_runs_at < 2.0  # during the flood, not after it
+        wait_for(lambda: sent("QUEUE_FULL"), timeout_s=10, what="the QUEUE_FULL message")
+        (incident,) = IncidentBook(redis_client).open_incidents()
+        assert incident.count == sum(raised)
+        assert len(sent("QUEUE_FULL")) == 1
+        assert sent("QUEUE_FULL")[0].body["details"]["incident_id"] == incident.id
+    finally:
+        go.set()
+        for process in processes:
+            process.join(timeout=10)
+            if process.is_alive():
+                process.kill()
+                process.join(timeout=10)
+        recorder.stop()

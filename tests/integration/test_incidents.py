@@ -8,16 +8,19 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
+from dataclasses import replace
+from datetime import timedelta
 from typing import Any
 
 import httpx
 import pytest
+import redis
 
 from app.clock import utcnow
 from app.local.embedded_redis import RedisServer
 from app.observe.alerts import Alerter
 from app.observe.events import Event
-from app.observe.incidents import IncidentBook
+from app.observe.incidents import RECENT_RESOLVED, IncidentBook, new_incident
 from app.observe.liveness import ConsumerReport, publish_heartbeat
 from app.observe.telemetry import Telemetry
 from app.redis_client import make_redis, redis_options
@@ -31,6 +34,8 @@ def hooks(harness) -> Iterator[Recorder]:
     recorder = Recorder().start()
     harness.configure(
         monitor_interval_seconds="1",
+        # An incident resolves once its condition was quiet this long: short, for speed.
+        alert_window_seconds="1",
         worker_heartbeat_ttl_seconds="3",
         alert_webhooks=json.dumps([{"kind": "generic", "url": f"{recorder.url}/hook"}]),
     )
@@ -138,7 +143,8 @@ def test_redis_down_is_held_by_the_process_and_resolved_once_redis_is_back(tmp_p
     server.start()
     monkeypatch.setenv("PIPELINE_REDIS_CONNECT_TIMEOUT_SECONDS", "0.5")
     settings = load_settings(
-        monitor_interval_seconds=0.2,
+        monitor_interval_seconds=0.5,
+        alert_window_seconds=0.2,
         alert_webhooks=[{"kind": "generic", "url": f"{recorder.url}/hook"}],
     )
     client = make_redis(server.url, redis_options(settings))
@@ -156,7 +162,7 @@ def test_redis_down_is_held_by_the_process_and_resolved_once_redis_is_back(tmp_p
         assert alerter.flush(timeout_s=10)
 
         server.start()
-        time.sleep(0.2)  # past the half monitor interval an incident must be quiet for
+        time.sleep(0.3)  # past the half monitor interval an incident must be quiet for
         alerter.settle(judged=[key], present=[])
         assert alerter.flush(timeout_s=10)
         wait_for(lambda: _resolved(recorder, "BROKER_DOWN", None), timeout_s=10, what="RESOLVED")
@@ -184,6 +190,7 @@ def test_a_stall_raised_by_a_worker_stays_open_while_its_heartbeat_says_so(harne
     try:
         harness.configure(
             monitor_interval_seconds="0.2",
+            alert_window_seconds="0.2",
             alert_webhooks=json.dumps([{"kind": "generic", "url": f"{recorder.url}/hook"}]),
         )
         rt = harness.runtime()
@@ -197,7 +204,7 @@ def test_a_stall_raised_by_a_worker_stays_open_while_its_heartbeat_says_so(harne
             Event.WORKER_STALLED, line="order", message="w1 takes nothing", hostname="w1"
         )
         for _ in range(3):
-            time.sleep(0.15)  # each run past the half interval an incident must be quiet for
+            time.sleep(0.25)  # each run past the 0.2 s an incident must be quiet for
             rt.monitor.monitor(now=utcnow())
             assert rt.alerts.flush(timeout_s=10)
         wait_for(lambda: _sent(recorder, "WORKER_STALLED"), timeout_s=10, what="WORKER_STALLED")
@@ -206,9 +213,125 @@ def test_a_stall_raised_by_a_worker_stays_open_while_its_heartbeat_says_so(harne
         assert opened["details"]["hostname"] == "w1"  # the worker's figures, not the monitor's
 
         publish_heartbeat(rt.redis, line="order", hostname="w1", pid=1, ttl_s=30, now=utcnow())
-        rt.monitor.monitor(now=utcnow())
-        assert rt.alerts.flush(timeout_s=10)
-        wait_for(lambda: _resolved(recorder, "WORKER_STALLED"), timeout_s=10, what="RESOLVED")
+        cleared_at = time.monotonic()
+
+        def run_once() -> bool:
+            rt.monitor.monitor(now=utcnow())
+            assert rt.alerts.flush(timeout_s=10)
+            return bool(_resolved(recorder, "WORKER_STALLED"))
+
+        # It resolves once the condition was quiet for 0.2 s, at a run of the monitor.
+        wait_for(run_once, timeout_s=10, what="RESOLVED")
+        assert time.monotonic() - cleared_at >= 0.2
         assert len(_sent(recorder, "WORKER_STALLED")) == 1
     finally:
+        recorder.stop()
+
+
+def test_an_open_incident_is_listed_before_newer_resolved_ones(harness):
+    # An open incident not raised since it opened (a circuit open for an hour) is still
+    # listed, first, however many newer resolved incidents and events there are.
+    rt = harness.runtime()
+    book = IncidentBook(rt.redis)
+    now = utcnow()
+    book.touch(
+        (Event.DOWNSTREAM_DOWN, "order"),
+        count=1,
+        message="the circuit of 'order' is open",
+        details={"circuit": "open"},
+        now=now - timedelta(hours=1),
+    )
+    for n in range(RECENT_RESOLVED):
+        at = now - timedelta(minutes=30) + timedelta(seconds=n)
+        gone = new_incident((Event.BACKLOG, "refund"), count=1, message="old", details={}, now=at)
+        book.remember_resolved(replace(gone, resolved_at=at + timedelta(seconds=1)))
+    for n in range(5):
+        rt.alerts.raise_event(Event.TASK_DEAD, line=f"line-{n}", message=f"R{n} is dead")
+    rt.alerts.close()
+    rt.telemetry.flush()
+    client = harness.start_intake()
+
+    shown = client.get("/v1/alerts", params={"limit": 20}).json()["alerts"]
+    assert len(shown) == 20
+    assert (shown[0]["event"], shown[0]["state"]) == ("DOWNSTREAM_DOWN", "open")
+    rest = [alert["time"] for alert in shown[1:]]
+    assert rest == sorted(rest, reverse=True)
+    assert shown[1]["state"] == "event"
+
+
+def test_a_hovering_condition_stays_one_incident_until_quiet_for_the_window(harness):
+    # A queue hovering at its bound is full at one monitor run and not at the next: it
+    # stays one incident (one message), and resolves only once it was quiet for
+    # `alert_window_seconds`.
+    recorder = Recorder().start()
+    try:
+        harness.configure(
+            monitor_interval_seconds="0.1",
+            alert_window_seconds="1.5",
+            alert_webhooks=json.dumps([{"kind": "generic", "url": f"{recorder.url}/hook"}]),
+        )
+        rt = harness.runtime()
+        key = (Event.QUEUE_FULL, "order")
+        ends = time.monotonic() + 3.0
+        while time.monotonic() < ends:
+            rt.alerts.raise_event(Event.QUEUE_FULL, line="order", message="full", depth=1)
+            rt.alerts.settle(judged=[key], present=[key])
+            time.sleep(0.3)
+            rt.alerts.settle(judged=[key], present=[])
+            time.sleep(0.3)
+        last_present = time.monotonic() - 0.3
+        assert rt.alerts.flush(timeout_s=10)
+        assert len(_sent(recorder, "QUEUE_FULL")) == 1
+        assert not _resolved(recorder, "QUEUE_FULL")
+
+        def run_once() -> bool:
+            rt.alerts.settle(judged=[key], present=[])
+            assert rt.alerts.flush(timeout_s=10)
+            return bool(_resolved(recorder, "QUEUE_FULL"))
+
+        wait_for(run_once, timeout_s=10, what="RESOLVED")
+        assert time.monotonic() - last_present >= 1.5
+        assert len(_resolved(recorder, "QUEUE_FULL")) == 1
+        assert len(_sent(recorder, "QUEUE_FULL")) == 1
+    finally:
+        recorder.stop()
+
+
+def test_an_incident_held_while_redis_was_away_is_stored_once_it_is_back(tmp_path, monkeypatch):
+    # A process (not the monitor) raised a condition while Redis was away and held it:
+    # once Redis is back it stores it without waiting for another raise, so the monitor
+    # can resolve it.
+    recorder = Recorder().start()
+    server = RedisServer(port=free_port(), workdir=tmp_path)
+    server.start()
+    monkeypatch.setenv("PIPELINE_REDIS_CONNECT_TIMEOUT_SECONDS", "0.5")
+    settings = load_settings(
+        monitor_interval_seconds=0.2,
+        alert_webhooks=[{"kind": "generic", "url": f"{recorder.url}/hook"}],
+    )
+    client = make_redis(server.url, redis_options(settings))
+    telemetry = Telemetry(client, interval_s=3600)
+    alerter = Alerter(settings, clock=utcnow, telemetry=telemetry)
+    try:
+        server.stop()
+        alerter.raise_event(Event.WORKER_STALLED, line="order", message="w1 takes nothing")
+        assert alerter.flush(timeout_s=10)
+        wait_for(lambda: _sent(recorder, "WORKER_STALLED"), timeout_s=10, what="the message")
+
+        server.start()
+
+        def stored() -> bool:
+            try:
+                found = IncidentBook(client).open_incidents()
+            except redis.RedisError:
+                return False
+            return [incident.key for incident in found] == [(Event.WORKER_STALLED, "order")]
+
+        wait_for(stored, timeout_s=10, what="the held incident stored")
+        assert len(_sent(recorder, "WORKER_STALLED")) == 1
+    finally:
+        alerter.close()
+        telemetry.close()
+        client.close()
+        server.stop()
         recorder.stop()
