@@ -134,14 +134,21 @@ def test_a_dead_record_goes_from_its_alert_to_its_detail_to_a_retry_to_done(
         wait(browser, lambda d: detail.get_attribute("data-status") == "dead", "its status")
         assert detail.get_attribute("data-status") == "dead"
         assert browser.switch_to.active_element == detail  # focus follows, for the keyboard
-        attempts = browser.find_elements(By.CSS_SELECTOR, "#detail-attempts tbody tr")
-        assert [row.get_attribute("data-outcome") for row in attempts] == ["failed", "failed"]
-        assert "HTTP 500" in attempts[0].text
+        # Read in one script: the detail is drawn again at each refresh (every 2 s).
+        attempts = browser.execute_script(
+            "return [...document.querySelectorAll('#detail-attempts tbody tr')]"
+            ".map(r => [r.dataset.outcome, r.textContent])"
+        )
+        assert [outcome for outcome, _ in attempts] == ["failed", "failed"]
+        assert "HTTP 500" in attempts[0][1]
         assert "bytes" in text_of(browser, '#detail-fields [data-field="payload size"]')
         assert '"card": "SECRET-4111"' in text_of(browser, "#payload")  # pretty JSON
-        started = browser.find_element(By.CSS_SELECTOR, "#detail-attempts time")
-        assert started.text == started.get_attribute("datetime")
-        assert started.text.endswith("Z")
+        text, when = browser.execute_script(
+            "const t = document.querySelector('#detail-attempts time');"
+            "return [t.textContent, t.getAttribute('datetime')]"
+        )
+        assert text == when
+        assert text.endswith("Z")
         shoot(browser, artifacts, "2-dead-detail")
 
         # The downstream is mended; the operator retries the record from its detail.
@@ -154,10 +161,10 @@ def test_a_dead_record_goes_from_its_alert_to_its_detail_to_a_retry_to_done(
         audit = text_of(browser, "#detail-audit")
         assert "admin retry" in audit
         assert "downstream fixed" in audit
-        outcomes = [
-            row.get_attribute("data-outcome")
-            for row in browser.find_elements(By.CSS_SELECTOR, "#detail-attempts tbody tr")
-        ]
+        outcomes = browser.execute_script(
+            "return [...document.querySelectorAll('#detail-attempts tbody tr')]"
+            ".map(r => r.dataset.outcome)"
+        )
         assert outcomes == ["failed", "failed", "done"]
         assert [r.answered for r in downstream.snapshot()] == [500, 500, 200]
         shoot(browser, artifacts, "3-retried-done")

@@ -177,7 +177,12 @@ def test_a_pause_holds_through_restarts_and_a_resume_delivers_in_journal_order(h
     # The worker takes what waited on the queue and holds it back in the journal.
     wait_for(held_back, timeout_s=10, what="the queued records to be held back")
     assert rt_depth(harness) == 0
-    assert "records_held_line_paused" in worker.output()
+    # Logged once the hold is written: read from the worker's pipe a moment later.
+    wait_for(
+        lambda: "records_held_line_paused" in worker.output(),
+        timeout_s=5,
+        what="the worker to say it held the records back",
+    )
 
     # Restart the worker and the beat, and empty Redis, while the line is paused.
     worker.stop(timeout_s=10)

@@ -31,8 +31,10 @@ def upgrade() -> None:
     op.create_index(
         ERRORS_INDEX, "records", ["id"], sqlite_where=has_error, postgresql_where=has_error
     )
-    for status, name in TROUBLE_INDEXES.items():
-        within = sa.text(f"status = '{status}'")
+    for name, within in (
+        (TROUBLE_INDEXES["failed"], sa.text("status = 'failed'")),
+        (TROUBLE_INDEXES["dead"], sa.text("status = 'dead'")),
+    ):
         op.create_index(name, "records", ["id"], sqlite_where=within, postgresql_where=within)
 
 
