@@ -29,12 +29,12 @@ from app.cli_records import records_cli
 from app.cli_schedules import schedules_cli, settings_for_command
 from app.cli_send import send
 from app.clock import as_utc
+from app.config.names import CHECKED_VARIABLE, unknown_variables
+from app.config.settings import Settings
 from app.errors import AdminNotConfigured, ConfigError, JournalUnavailable, PipelineError
 from app.journal.models import RecordStatus
 from app.logs import get_logger
 from app.priority import lower_priority
-from app.settings import Settings
-from app.settings_names import CHECKED_VARIABLE, unknown_variables
 
 log = get_logger(__name__)
 
@@ -481,8 +481,8 @@ def main() -> None:
 def _journal_failure(exc: SQLAlchemyError) -> str:
     """What a command says of a journal error: no journal yet (a database without its
     tables), or the journal's URL, what was tried and what the database said."""
+    from app.config.settings import load_settings  # noqa: PLC0415
     from app.journal.engine import journal_failure_message  # noqa: PLC0415
-    from app.settings import load_settings  # noqa: PLC0415
 
     try:
         url = load_settings().database_url

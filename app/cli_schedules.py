@@ -8,9 +8,9 @@ from typing import Annotated
 import typer
 
 from app.cli_output import JsonOpt, journal_engine, print_json, show, table
+from app.config.settings import Settings, load_settings
 from app.journal.audit import Action
 from app.logs import configure_logging
-from app.settings import Settings, load_settings
 
 schedules_cli = typer.Typer(help="Cron schedules, fired by beat.", no_args_is_help=True)
 

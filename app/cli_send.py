@@ -15,8 +15,8 @@ from pydantic import SecretStr
 from app import client, standard_webhooks
 from app.cli_schedules import settings_for_command
 from app.client import DEFAULT_TIMEOUT_S, Answer, new_nonce
-from app.credentials import IntakeKey, IntakeKeyKind
-from app.settings import Settings
+from app.config.credentials import IntakeKey, IntakeKeyKind
+from app.config.settings import Settings
 
 # Addresses an intake listens on that a client cannot send to: send to this machine.
 _WILDCARDS = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}  # noqa: S104 - read, not bound

@@ -9,10 +9,10 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from app.config.line_settings import LineSettings
+from app.config.settings import ENV_PREFIX, Settings
+from app.config.sink_settings import Sink, SinkKind
 from app.errors import ConfigError, UnknownLine
-from app.line_settings import LineSettings
-from app.settings import ENV_PREFIX, Settings
-from app.sink_settings import Sink, SinkKind
 
 Handler = Callable[[Any], None]
 # A table-sink line's records per message unless its `batch_size` is set. Only records

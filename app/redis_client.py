@@ -1,5 +1,5 @@
 """Redis connection rules, shared by every client: ours, the lock's and the
-broker's. A `sentinel://` URL (`app.redis_url`) gives a client of whichever server Sentinel
+broker's. A `sentinel://` URL (`app.config.redis_url`) gives a client of whichever server Sentinel
 names the primary: each new connection asks the sentinels, so after a failover the clients
 reconnect to the promoted replica, and a Lua script the new primary lacks is loaded there
 again by redis-py's `Script` (on its NOSCRIPT answer).
@@ -20,8 +20,8 @@ import redis
 from redis.connection import AbstractConnection, parse_url
 from redis.sentinel import Sentinel, SentinelManagedConnection
 
-from app.redis_url import is_sentinel, parse_sentinel_url, sentinel_client_options
-from app.settings import Settings
+from app.config.redis_url import is_sentinel, parse_sentinel_url, sentinel_client_options
+from app.config.settings import Settings
 
 # Used where no settings exist (a server we started ourselves).
 DEFAULT_OPTIONS: dict[str, Any] = {

@@ -16,6 +16,7 @@ from app.admission.accept import Acceptor
 from app.admission.pause import LinePauser, PausedLines
 from app.admission.push import Pusher
 from app.clock import utcnow
+from app.config.settings import Settings
 from app.delivery.circuit import Circuits
 from app.delivery.engine import AttemptEngine
 from app.delivery.limits import DeliveryLimits
@@ -34,7 +35,6 @@ from app.recovery.retention import Retention
 from app.recovery.sweeper import Sweeper
 from app.redis_client import make_redis, redis_options
 from app.schedules.fires import ScheduleFirer
-from app.settings import Settings
 
 
 @dataclass(frozen=True, kw_only=True)

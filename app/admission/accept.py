@@ -12,6 +12,7 @@ from datetime import datetime
 
 from app.admission.pause import PausedLines
 from app.admission.push import Pusher
+from app.config.line_settings import Overflow
 from app.errors import BrokerUnavailable, JournalUnavailable
 from app.journal import store
 from app.journal.commits import CommitGate
@@ -19,7 +20,6 @@ from app.journal.journal import Journal
 from app.journal.models import Record, RecordStatus
 from app.journal.store import NewRecord
 from app.journal.transitions import Event as TransitionEvent
-from app.line_settings import Overflow
 from app.lines import Line, LineRegistry
 from app.logs import get_logger
 from app.observe.alerts import Alerter

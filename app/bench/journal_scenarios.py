@@ -19,12 +19,12 @@ from sqlalchemy import Engine, func, insert, select, text
 from app.bench.load import LoadResult, Request, merged, run_load
 from app.bench.procs import log_path, wait_until
 from app.bench.stack import BenchStack, load_figures, order_body, signed_request
+from app.config.settings import load_settings
 from app.journal import attempt_log, store
 from app.journal.models import RecordStatus, Source, records
 from app.journal.store import RecordFilter
 from app.recovery.record_actions import RecordActions
 from app.runtime import Runtime
-from app.settings import load_settings
 
 # Rows written per statement while a journal is filled.
 FILL_BATCH = 10_000

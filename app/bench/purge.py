@@ -9,8 +9,8 @@ import json
 import time
 from datetime import UTC, datetime
 
+from app.config.settings import load_settings
 from app.runtime import Runtime
-from app.settings import load_settings
 
 
 def main() -> None:

@@ -34,12 +34,12 @@ from app.bench.stack import (
     signed_request,
 )
 from app.clock import as_utc
+from app.config.settings import load_settings
 from app.journal.engine import make_engine
 from app.journal.models import RecordStatus, records
 from app.local.supervisor import Child
 from app.recovery.replay import ReplayFilter
 from app.runtime import Runtime
-from app.settings import load_settings
 
 # Requests made ahead for wrk, per second of its run: above what any endpoint here serves
 # signed and journaled, so each request has its own nonce (the bare endpoint, faster,

@@ -20,6 +20,7 @@ from sqlalchemy import Engine, delete, func, select, text
 
 from app.bench.load import LoadResult, Request, wrk_path
 from app.bench.procs import CpuMeter, free_port, listening, log_path, parent_of, wait_until
+from app.config.settings import Settings, load_settings
 from app.intake.signing import sign
 from app.journal.engine import make_engine
 from app.journal.models import (
@@ -33,7 +34,6 @@ from app.journal.models import (
 from app.journal.schema import upgrade
 from app.local.embedded_redis import RedisServer, answers
 from app.local.supervisor import STOP_TIMEOUT_S, Child
-from app.settings import Settings, load_settings
 
 # "bench" itself names the records the benchmark writes straight into its journal.
 KEY_ID, SECRET = "bench-client", "bench-secret-of-16-bytes"

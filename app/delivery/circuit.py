@@ -34,8 +34,8 @@ from enum import StrEnum
 
 import redis
 
+from app.config.line_settings import LineSettings
 from app.errors import BrokerUnavailable
-from app.line_settings import LineSettings
 
 CIRCUIT_KEY = "pipeline:circuit:{line}"
 # How long the ramp after a close lasts: 8 doublings of the first second's share (2,560

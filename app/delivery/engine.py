@@ -42,6 +42,7 @@ from sqlalchemy import Connection
 
 from app.admission.pause import PausedLines, hold_back
 from app.clock import utcnow
+from app.config.line_settings import limit_wait_s, longest_delivery_s
 from app.delivery import sinks
 from app.delivery.circuit import Admission, Change, Circuits, Outcome, State, Waiting, health_of
 from app.delivery.limits import DeliveryLimits
@@ -69,7 +70,6 @@ from app.journal.attempt_log import Outcome as Ended
 from app.journal.commits import in_one_transaction
 from app.journal.journal import Journal
 from app.journal.models import Record, RecordStatus
-from app.line_settings import limit_wait_s, longest_delivery_s
 from app.lines import Line, LineRegistry
 from app.logs import get_logger
 from app.observe.alerts import Alerter

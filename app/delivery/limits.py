@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import redis
 
+from app.config.line_settings import LineSettings
 from app.errors import BrokerUnavailable
-from app.line_settings import LineSettings
 
 BUCKET_KEY = "pipeline:rate:{line}"
 SLOTS_KEY = "pipeline:inflight:{line}"

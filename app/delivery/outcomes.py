@@ -16,13 +16,13 @@ from enum import StrEnum
 
 from sqlalchemy import Connection
 
+from app.config.line_settings import LineSettings
 from app.delivery.circuit import counts_against
 from app.errors import DeliveryFailed
 from app.journal import attempts
 from app.journal.attempt_log import Attempt, Outcome, new_attempt
 from app.journal.attempts import why_not_claimed, worker_of
 from app.journal.models import Record, RecordStatus
-from app.line_settings import LineSettings
 from app.lines import Line
 from app.logs import get_logger
 from app.observe.alerts import Alerter

@@ -18,9 +18,9 @@ from fastapi.security import HTTPAuthorizationCredentials
 from starlette.routing import BaseRoute, Match
 from starlette.types import Scope
 
+from app.config.settings import Settings
 from app.errors import AdminForbidden, AdminNotConfigured, AdminRequired
 from app.intake.openapi_doc import ADMIN_BEARER
-from app.settings import Settings
 
 # The actor of admin actions in dev mode with no admin token.
 DEV_ACTOR = "dev"

@@ -14,10 +14,10 @@ import sys
 
 from fastapi import FastAPI
 
+from app.config.settings import load_settings
 from app.errors import ConfigError
 from app.intake.exposure import check_bind_host
 from app.intake.main import create_app
-from app.settings import load_settings
 
 # A full collection walks every object the process holds (FastAPI's, SQLAlchemy's): under
 # load it pauses the intake for tens of milliseconds. What exists at start is frozen out of

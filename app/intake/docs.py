@@ -15,9 +15,9 @@ from fastapi import Path as PathParameter
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import FileResponse, HTMLResponse
 
+from app.config.settings import Settings
 from app.errors import NotFound
 from app.intake.openapi_doc import describe
-from app.settings import Settings
 
 DOCS_PATH = "/docs"
 ASSETS_PATH = "/docs/assets"

@@ -17,10 +17,10 @@ from collections.abc import Mapping
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from app.config.settings import Settings
 from app.errors import ConfigError, HostNotAllowed, NotLoopback
 from app.intake.errors import response_for
 from app.logs import get_logger
-from app.settings import Settings
 
 log = get_logger(__name__)
 

@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from app.config.settings import Settings
 from app.errors import (
     CrossSite,
     HeadersTooLarge,
@@ -38,7 +39,6 @@ from app.intake.errors import outcome_for, response_for
 from app.intake.exposure import READ_METHODS, cross_site
 from app.lines import LineRegistry
 from app.observe.telemetry import Counter, Telemetry
-from app.settings import Settings
 
 EXEMPT_PATHS = frozenset({"/healthz", "/readyz"})
 MAX_HEADERS = 100

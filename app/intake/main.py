@@ -12,6 +12,7 @@ from fastapi import FastAPI
 
 from app.admission.intake_path import intake_pipeline
 from app.clock import utcnow
+from app.config.settings import Settings
 from app.errors import ConfigError
 from app.intake import (
     docs,
@@ -32,7 +33,6 @@ from app.lines import LineRegistry
 from app.priority import lower_priority
 from app.recovery.drain import Drainer
 from app.runtime import Runtime
-from app.settings import Settings
 
 # Threads answering requests at once share this many journal connections.
 DB_POOL_SIZE = 10

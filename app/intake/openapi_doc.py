@@ -16,8 +16,8 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.security import APIKeyHeader, HTTPBearer
 
+from app.config.settings import Settings
 from app.intake import openapi_text as text
-from app.settings import Settings
 
 SIGNATURE_SCHEME = "requestSignature"
 ADMIN_SCHEME = "adminToken"

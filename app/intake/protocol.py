@@ -22,10 +22,10 @@ from uvicorn.config import Config
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
+from app.config.settings import Settings
 from app.errors import HeadersTooLarge, PipelineError, RequestTimeout
 from app.intake.errors import response_for
 from app.intake.gate import MAX_HEADERS
-from app.settings import Settings
 
 # The defaults of the settings `PIPELINE_INTAKE_MAX_HEADER_BYTES` and
 # `PIPELINE_INTAKE_HEADER_TIMEOUT_SECONDS`, for uvicorn started with this class by name.

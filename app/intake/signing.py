@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from app import standard_webhooks
 from app.client import signature
-from app.credentials import IntakeKey, IntakeKeyKind
+from app.config.credentials import IntakeKey, IntakeKeyKind
 from app.dedup_keys import MAX_KEY_ID_LENGTH, intake_key
 from app.errors import BadSignature
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import secrets
 
-from app.settings import Settings
+from app.config.settings import Settings
 
 FLOWER_USER = "admin"
 

@@ -11,8 +11,8 @@ import socket
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from app.config.settings import Settings
 from app.errors import ConfigError
-from app.settings import Settings
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -32,6 +32,7 @@ from typing import Any
 import httpx
 import redis
 
+from app.config.settings import Settings
 from app.logs import get_logger
 from app.observe.events import AlertEvent, Event
 from app.observe.incidents import (
@@ -47,7 +48,6 @@ from app.observe.incidents import (
 from app.observe.telemetry import Counter, Telemetry
 from app.observe.throttle import Throttle
 from app.observe.webhooks import build_request
-from app.settings import Settings
 
 log = get_logger(__name__)
 

@@ -10,8 +10,8 @@ import urllib.parse
 from dataclasses import dataclass
 from typing import Any
 
+from app.config.settings import WebhookKind, WebhookSettings
 from app.observe.events import AlertEvent
-from app.settings import WebhookKind, WebhookSettings
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -8,6 +8,7 @@ import urllib.parse
 
 import httpx
 
+from app.config.sink_settings import CHECK_URL_ID, SinkKind
 from app.delivery.sinks import (
     ORDER_STATUS_TABLE,
     newest_statuses,
@@ -18,7 +19,6 @@ from app.journal import store
 from app.journal.journal import Journal
 from app.journal.store import RecordKey
 from app.lines import Line
-from app.sink_settings import CHECK_URL_ID, SinkKind
 
 
 def downstream_has(

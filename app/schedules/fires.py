@@ -8,13 +8,13 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from app.admission.accept import Acceptor
+from app.config.line_settings import Overflow
 from app.dedup_keys import schedule_key
 from app.errors import PipelineError
 from app.ids import digest, new_id
 from app.journal.journal import Journal
 from app.journal.models import Source
 from app.journal.store import NewRecord
-from app.line_settings import Overflow
 from app.logs import get_logger
 from app.schedules.cron import next_fire, plan
 from app.schedules.store import Schedule, fire_payload, list_all, record_fired

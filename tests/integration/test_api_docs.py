@@ -98,7 +98,7 @@ def test_only_the_pages_assets_are_served_and_redoc_is_gone(intake):
     for path in (
         "/redoc",
         "/docs/assets/redoc.standalone.js",
-        "/docs/assets/../../app/settings.py",
+        "/docs/assets/../../app/config/settings.py",
         "/docs/assets/%2e%2e%2fMETADATA",
         "/docs/assets/missing.js",
     ):

@@ -6,6 +6,7 @@ import time
 
 import pytest
 
+from app.config.line_settings import LineSettings
 from app.delivery.circuit import (
     RAMP_S,
     Admission,
@@ -18,7 +19,6 @@ from app.delivery.circuit import (
     counts_against,
     health_of,
 )
-from app.line_settings import LineSettings
 
 pytestmark = pytest.mark.journal_independent
 

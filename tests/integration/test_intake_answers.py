@@ -8,10 +8,10 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from app.clock import utcnow
+from app.config.line_settings import Overflow
 from app.ids import new_id
 from app.journal.models import RecordStatus, Source
 from app.journal.store import NewRecord
-from app.line_settings import Overflow
 from tests.support.harness import signed_headers
 
 KEY_ID, SECRET = "shop-1", "s3cret-value-of-shop-1"

@@ -13,11 +13,11 @@ import pytest
 from sqlalchemy import insert, update
 
 from app.clock import utcnow
+from app.config.settings import load_settings
 from app.errors import ConfigError
 from app.journal.models import RecordStatus, order_status, orders, records
 from app.recovery import replay
 from app.recovery.replay import ReplayFilter
-from app.settings import load_settings
 from tests.support.journal import journal_records
 from tests.support.messages import queued_ids
 from tests.support.recorder import KnownIds, Received

@@ -221,7 +221,7 @@ sys.meta_path.insert(0, NotInstalled())
 from fastapi.testclient import TestClient
 from app.errors import ConfigError
 from app.intake.main import create_app
-from app.settings import load_settings
+from app.config.settings import load_settings
 import workers.tasks
 
 app = create_app(load_settings())

@@ -1,6 +1,6 @@
 """The checkers of compose.yaml: it is read as compose reads it (YAML with anchors, then
 `${VAR...}` interpolation) and checked against the `pipeline` command, Celery's command
-line and `app.settings`. Each checker reports problems as strings."""
+line and `app.config.settings`. Each checker reports problems as strings."""
 
 from __future__ import annotations
 
@@ -22,9 +22,9 @@ from celery.bin.celery import celery as celery_cli
 from celery.worker.control import Panel
 
 from app.cli import cli
-from app.line_settings import LineSettings
+from app.config.line_settings import LineSettings
+from app.config.settings import DEFAULT_LINES, ENV_PREFIX, Settings, load_settings
 from app.lines import LineRegistry
-from app.settings import DEFAULT_LINES, ENV_PREFIX, Settings, load_settings
 
 COMPOSE_FILE = Path(__file__).resolve().parents[2] / "compose.yaml"
 

@@ -15,11 +15,11 @@ import pytest
 import uvicorn
 from sqlalchemy import func, select, text
 
+from app.config.settings import Settings, load_settings
 from app.intake.main import create_app
 from app.intake.signing import sign
 from app.journal.models import Record, RecordStatus, records
 from app.runtime import Runtime
-from app.settings import Settings, load_settings
 from tests.support.processes import Component, free_port, wait_for
 
 FINAL = {RecordStatus.DONE, RecordStatus.DEAD, RecordStatus.REJECTED}

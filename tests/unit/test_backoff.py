@@ -3,8 +3,8 @@ from __future__ import annotations
 import random
 from datetime import UTC, datetime, timedelta
 
+from app.config.line_settings import LineSettings
 from app.delivery.outcomes import backoff_s, decide
-from app.line_settings import LineSettings
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 

@@ -11,7 +11,7 @@ import pytest
 from pydantic import SecretStr
 
 from app import client
-from app.credentials import IntakeKey
+from app.config.credentials import IntakeKey
 from app.intake.signing import verify
 
 KEYS = {"shop-1": IntakeKey(secret=SecretStr("its-secret-of-32-random-bytes-xx"))}

@@ -11,8 +11,8 @@ import pytest
 from sqlalchemy.engine import make_url
 
 import app.celery_app
+from app.config.settings import DEFAULT_LINES
 from app.errors import ConfigError
-from app.settings import DEFAULT_LINES
 from tests.support.compose_check import (
     EXPECTED_SERVICES,
     ONE_SHOT_SERVICES,

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from app.database_url import database_url_problem
+from app.config.database_url import database_url_problem
+from app.config.settings import load_settings
 from app.errors import ConfigError
-from app.settings import load_settings
 
 
 @pytest.mark.parametrize(

@@ -9,9 +9,9 @@ from datetime import UTC, datetime
 import pytest
 
 from app.admission.accept import decide_overflow
+from app.config.line_settings import Overflow
 from app.journal.models import RecordStatus
 from app.journal.transitions import Event as Transition
-from app.line_settings import Overflow
 from app.observe.events import Event
 from app.observe.line_view import LineStatus
 from app.observe.monitor import check_line

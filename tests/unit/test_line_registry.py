@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from app.config.settings import load_settings
 from app.errors import UnknownLine
 from app.lines import LineRegistry
-from app.settings import load_settings
 
 
 def test_an_unknown_line_is_refused_with_the_known_ones(monkeypatch):

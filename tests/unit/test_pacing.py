@@ -6,10 +6,10 @@ import asyncio
 
 import pytest
 
+from app.config.settings import load_settings
 from app.errors import RateLimited
 from app.intake.pacing import Pacer, pacers_for
 from app.lines import LineRegistry
-from app.settings import load_settings
 
 
 class Clock:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from app.config.settings import load_settings
 from app.errors import ConfigError
 from app.journal import expiry
 from app.journal.models import RecordStatus as S
 from app.journal.transitions import UNFINISHED
-from app.settings import load_settings
 
 
 def test_retention_takes_every_final_status_and_no_unfinished_one():

@@ -4,10 +4,10 @@ import json
 
 import pytest
 
+from app.config.line_settings import Overflow
+from app.config.settings import load_settings
 from app.errors import ConfigError
-from app.line_settings import Overflow
 from app.lines import HTTP_SINK_BATCH, TABLE_SINK_BATCH, LineRegistry
-from app.settings import load_settings
 
 
 def test_defaults_declare_the_three_lines():

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from app.settings_names import closest_known, is_known, unknown_variables
+from app.config.names import is_known, unknown_variables
+from app.config.settings import closest_known
 
 
 @pytest.mark.parametrize(

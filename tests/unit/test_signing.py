@@ -6,7 +6,7 @@ import hmac
 import pytest
 from pydantic import SecretStr
 
-from app.credentials import IntakeKey
+from app.config.credentials import IntakeKey
 from app.errors import BadSignature
 from app.intake.signing import sign, verify
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
+from app.config.settings import load_settings
+from app.config.sink_settings import Sink, SinkKind
 from app.errors import ConfigError
 from app.lines import LineRegistry
-from app.settings import load_settings
-from app.sink_settings import Sink, SinkKind
 
 
 def sinks(settings) -> dict[str, str]:
@@ -73,7 +73,7 @@ def test_a_sink_reads_back_as_it_is_written():
 
 
 def test_every_table_a_setting_may_name_is_a_table_the_sink_writes():
+    from app.config.sink_settings import SINK_TABLES  # noqa: PLC0415
     from app.delivery.sinks import TABLES  # noqa: PLC0415 - beside the settings' list
-    from app.sink_settings import SINK_TABLES  # noqa: PLC0415
 
     assert sorted(TABLES) == sorted(SINK_TABLES)

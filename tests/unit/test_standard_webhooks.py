@@ -20,13 +20,13 @@ from pydantic import SecretStr
 from standardwebhooks import Webhook
 
 from app import standard_webhooks
-from app.credentials import IntakeKey, IntakeKeyKind
+from app.config.credentials import IntakeKey, IntakeKeyKind
+from app.config.settings import load_settings
+from app.config.sink_settings import DeliveredStatuses
 from app.delivery.sinks import deliver_http
 from app.errors import BadSignature, ConfigError
 from app.intake.signing import verify
 from app.journal.models import Record, RecordStatus, Source
-from app.settings import load_settings
-from app.sink_settings import DeliveredStatuses
 from tests.support.recorder import Received, Recorder
 
 KEY = bytes(range(32))

@@ -21,7 +21,7 @@ from kombu.transport import virtual
 
 from app.admission.push import TASK_NAME, build_message
 from app.celery_app import create_celery
-from app.settings import load_settings
+from app.config.settings import load_settings
 from workers import tasks
 
 ORIGIN = "4242@worker-host"

@@ -7,11 +7,11 @@ import io
 import socket
 from pathlib import Path
 
+from app.config.settings import Settings
 from app.local.banner import Banner, http_url
 from app.local.output import Output, decoded_line, prefixed
 from app.local.ports import PortUse, first_conflict, ports_of
 from app.local.readiness import worker_nodename
-from app.settings import Settings
 
 
 def settings(**values: object) -> Settings:

@@ -9,7 +9,7 @@ from enum import StrEnum
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from app import standard_webhooks
-from app.sink_settings import (
+from app.config.sink_settings import (
     CHECK_URL_ID,
     DEFAULT_SINK_TABLE,
     SUCCESS_CLASS,

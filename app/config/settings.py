@@ -1,11 +1,14 @@
 """Configuration: environment variables prefixed `PIPELINE_` (nested with `__`), optionally
 a TOML file named by `PIPELINE_CONFIG`. `load_settings()` is the only way in; it turns
-any invalid value into one `ConfigError` line that names the variable."""
+any invalid value into one `ConfigError` line that names the variable (and, for one no
+setting reads, the known variable closest to it: `closest_known`)."""
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
+from collections.abc import Mapping
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
@@ -29,7 +32,7 @@ from pydantic_settings import (
 )
 from pydantic_settings.exceptions import SettingsError
 
-from app.credentials import (
+from app.config.credentials import (
     SINGLE_TOKEN_ACTOR,
     IntakeKey,
     check_flower_credential,
@@ -37,13 +40,17 @@ from app.credentials import (
     check_single_token,
     parse_intake_keys,
 )
-from app.database_url import check_database_url
+from app.config.database_url import check_database_url
+from app.config.line_settings import LineSettings, limit_wait_s, longest_delivery_s
+from app.config.redis_url import check_redis_url
+from app.config.sink_settings import SinkKind
 from app.errors import ConfigError
-from app.line_settings import LineSettings, limit_wait_s, longest_delivery_s
-from app.redis_url import check_redis_url
-from app.sink_settings import SinkKind
 
 ENV_PREFIX = "PIPELINE_"
+# Between the parts of a nested setting's variable: PIPELINE_LINES__ORDER__MAX_ATTEMPTS.
+NESTED = "__"
+# How alike a name must be to be offered as the one meant (difflib's ratio; its own default).
+CLOSE_ENOUGH = 0.6
 LINE_NAME = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
 # The intake's own paths under /v1/: a line of one of these names could not be posted to
 # (`POST /v1/replay` is the replay), and its pushes would be taken for admin requests.
@@ -92,7 +99,7 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(
         env_prefix=ENV_PREFIX,
-        env_nested_delimiter="__",
+        env_nested_delimiter=NESTED,
         extra="ignore",
         frozen=True,
         # An error's input may be a secret: `load_settings` prints the message alone, and a
@@ -348,7 +355,43 @@ class Settings(BaseSettings):
 
 
 def _variable_name(location: tuple[int | str, ...]) -> str:
-    return ENV_PREFIX + "__".join(str(part).upper() for part in location)
+    return ENV_PREFIX + NESTED.join(str(part).upper() for part in location)
+
+
+def top_level_variables() -> list[str]:
+    """The variables of the settings' own fields (a line's settings are nested under
+    `PIPELINE_LINES__<LINE>__`)."""
+    return [f"{ENV_PREFIX}{field.upper()}" for field in Settings.model_fields]
+
+
+def _line_variables(line: str) -> list[str]:
+    stem = f"{ENV_PREFIX}LINES{NESTED}{line.upper()}{NESTED}"
+    return [stem + field.upper() for field in LineSettings.model_fields]
+
+
+def closest_known(name: str) -> str | None:
+    """The known variable most like `name`, if any is alike enough. Compared without the
+    part they share: the prefix, and a line's `LINES__<LINE>__` (or `MAX_QUEUE_LENGTH`
+    would look like any other line setting of that line)."""
+    upper = name.upper()
+    parts = upper.split(NESTED)
+    if len(parts) == 3 and parts[0] == f"{ENV_PREFIX}LINES":
+        stem = f"{parts[0]}{NESTED}{parts[1]}{NESTED}"
+        fields = [field.upper() for field in LineSettings.model_fields]
+        return _closest(parts[2], {field: stem + field for field in fields})
+    named = parts[1].lower() if len(parts) == 3 else ""
+    lines = [*DEFAULT_LINES, *([named] if LINE_NAME.match(named) else [])]
+    candidates = top_level_variables() + [
+        v for line in dict.fromkeys(lines) for v in _line_variables(line)
+    ]
+    return _closest(
+        upper.removeprefix(ENV_PREFIX), {c.removeprefix(ENV_PREFIX): c for c in candidates}
+    )
+
+
+def _closest(word: str, candidates: Mapping[str, str]) -> str | None:
+    found = difflib.get_close_matches(word, list(candidates), n=1, cutoff=CLOSE_ENOUGH)
+    return candidates[found[0]] if found else None
 
 
 def load_settings(**overrides: Any) -> Settings:
@@ -365,8 +408,6 @@ def load_settings(**overrides: Any) -> Settings:
         name = _variable_name(first["loc"]) if first["loc"] else "settings"
         message = first["msg"].removeprefix("Value error, ")
         if first["type"] == "extra_forbidden":
-            from app.settings_names import closest_known  # noqa: PLC0415 - it reads Settings
-
             closest = closest_known(name)
             message = "is not a setting" + (f"; did you mean {closest}?" if closest else "")
         raise ConfigError(f"{name}: {message}") from None
