@@ -21,7 +21,7 @@ from celery import Celery
 from celery.bin.celery import celery as celery_cli
 from celery.worker.control import Panel
 
-from app.cli import cli
+from app.cli.main import cli
 from app.config.line_settings import LineSettings
 from app.config.settings import DEFAULT_LINES, ENV_PREFIX, Settings, load_settings
 from app.lines import LineRegistry

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import SecretStr
 
-from app.cli import admin_closed_notice
+from app.cli.main import admin_closed_notice
 from app.config.settings import Settings
 
 KEYS = {"shop-1": SecretStr("s3cret-value-of-shop-1")}

@@ -1,6 +1,6 @@
-"""What the `pipeline` commands print: tables that wrap rather than cut, the `--json`
-document a script reads instead, and the journal a read command opens only when it is
-there."""
+"""What the `pipeline` commands share: the settings a command runs with, what they print
+(tables that wrap rather than cut, the `--json` document a script reads instead), and the
+journal a read command opens only when it is there."""
 
 from __future__ import annotations
 
@@ -15,7 +15,9 @@ from rich.table import Column, Table
 from sqlalchemy import Engine
 from sqlalchemy.engine import make_url
 
+from app.config.settings import Settings, load_settings
 from app.errors import PipelineError
+from app.logs import configure_logging
 
 JsonOpt = Annotated[
     bool,
@@ -23,6 +25,13 @@ JsonOpt = Annotated[
         "--json", help="Print one JSON document, shaped as the HTTP API's answer, and nothing else."
     ),
 ]
+
+
+def settings_for_command() -> Settings:
+    """The settings of a command, with its logging configured. Raises `ConfigError`."""
+    settings = load_settings()
+    configure_logging(json=settings.log_json, level=settings.log_level)
+    return settings
 
 
 def column(header: str, **options: Any) -> Column:

@@ -7,8 +7,7 @@ from typing import Annotated
 
 import typer
 
-from app.cli_output import check_journal_exists
-from app.cli_schedules import settings_for_command
+from app.cli.output import check_journal_exists, settings_for_command
 
 LineArgument = Annotated[str, typer.Argument(help="The business line.")]
 ReasonOption = Annotated[str | None, typer.Option(help="Why, for the audit log.")]
@@ -44,9 +43,3 @@ def _act(action: str, line: str, reason: str | None) -> None:
     since = state.pause.paused_at.isoformat()
     again = "" if state.changed else " (already)"
     print(f"{state.line}: paused{again} since {since} by {state.pause.actor}")
-
-
-def add_line_commands(cli: typer.Typer) -> None:
-    """Register `pause` and `resume` on the `pipeline` command."""
-    cli.command("pause")(pause)
-    cli.command("resume")(resume)

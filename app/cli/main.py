@@ -2,32 +2,31 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
+from collections.abc import Iterator, MutableMapping
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+import typer.main
 from rich.console import Console
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
+from typer.core import TyperGroup
 
-from app.cli_audit import audit
-from app.cli_bench import bench
-from app.cli_lines import add_line_commands
-from app.cli_output import (
+from app.cli.output import (
     JsonOpt,
     check_journal_exists,
     is_missing_tables,
     no_journal_message,
     print_json,
+    settings_for_command,
     show,
     table,
 )
-from app.cli_records import records_cli
-from app.cli_schedules import schedules_cli, settings_for_command
-from app.cli_send import send
 from app.clock import as_utc
 from app.config.names import CHECKED_VARIABLE, unknown_variables
 from app.config.settings import Settings
@@ -38,7 +37,70 @@ from app.priority import lower_priority
 
 log = get_logger(__name__)
 
+
+# The commands declared in their own modules, as `module:attribute` (a typer app, or a
+# command's function), in the order help lists them around the ones declared below.
+LAZY_FIRST = {
+    "audit": "app.cli.audit:audit",
+    "bench": "app.cli.bench:bench",
+    "send": "app.cli.send:send",
+    "pause": "app.cli.lines:pause",
+    "resume": "app.cli.lines:resume",
+}
+LAZY_LAST = {
+    "schedules": "app.cli.schedules:schedules_cli",
+    "records": "app.cli.records:records_cli",
+}
+
+
+class LazyCommands(MutableMapping[str, Any]):
+    """A group's commands, by name: those of `LAZY_FIRST` and `LAZY_LAST` imported only
+    when one is looked up (invoked, or listed by help), so a command loads only its own
+    module. Every name is here from the start: typer's "did you mean" finds them all."""
+
+    def __init__(self, declared: MutableMapping[str, Any]) -> None:
+        self._lazy = {**LAZY_FIRST, **LAZY_LAST}
+        self._loaded: dict[str, Any] = dict(declared)
+
+    def __getitem__(self, name: str) -> Any:
+        if name not in self._loaded and name in self._lazy:
+            module_name, _, attribute = self._lazy[name].partition(":")
+            target = getattr(importlib.import_module(module_name), attribute)
+            if not isinstance(target, typer.Typer):
+                target, function = typer.Typer(add_completion=False), target
+                target.command(name)(function)
+            command = typer.main.get_command(target)
+            command.name = name  # a typer app is named where it is added: here
+            self._loaded[name] = command
+        return self._loaded[name]
+
+    def __setitem__(self, name: str, command: Any) -> None:
+        self._loaded[name] = command
+
+    def __delitem__(self, name: str) -> None:
+        self._lazy.pop(name, None)
+        self._loaded.pop(name, None)
+
+    def __iter__(self) -> Iterator[str]:
+        first = [name for name in self._lazy if name in LAZY_FIRST]
+        declared = [name for name in self._loaded if name not in self._lazy]
+        last = [name for name in self._lazy if name in LAZY_LAST]
+        return iter([*first, *declared, *last])
+
+    def __len__(self) -> int:
+        return len(set(self._loaded) | set(self._lazy))
+
+
+class LazyGroup(TyperGroup):
+    """The `pipeline` command, its commands a `LazyCommands`."""
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self.commands = LazyCommands(self.commands)
+
+
 cli = typer.Typer(
+    cls=LazyGroup,
     help="A durable task pipeline: journaled intake, bounded per-line queues, Celery workers.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
@@ -46,12 +108,6 @@ cli = typer.Typer(
 )
 db_cli = typer.Typer(help="The journal's schema.", no_args_is_help=True)
 cli.add_typer(db_cli, name="db")
-cli.add_typer(schedules_cli, name="schedules")
-cli.add_typer(records_cli, name="records")
-cli.command()(audit)
-cli.command()(bench)
-cli.command()(send)
-add_line_commands(cli)
 
 
 def _settings() -> Settings:
@@ -491,7 +547,3 @@ def _journal_failure(exc: SQLAlchemyError) -> str:
     if is_missing_tables(exc):
         return no_journal_message(make_url(url).render_as_string(hide_password=True))
     return journal_failure_message(url, exc)
-
-
-if __name__ == "__main__":
-    main()

@@ -13,7 +13,7 @@ import typer
 from pydantic import SecretStr
 
 from app import client, standard_webhooks
-from app.cli_schedules import settings_for_command
+from app.cli.output import settings_for_command
 from app.client import DEFAULT_TIMEOUT_S, Answer, new_nonce
 from app.config.credentials import IntakeKey, IntakeKeyKind
 from app.config.settings import Settings

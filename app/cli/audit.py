@@ -7,8 +7,15 @@ from typing import Annotated, Any
 
 import typer
 
-from app.cli_output import JsonOpt, column, journal_engine, print_json, show, table
-from app.cli_schedules import settings_for_command
+from app.cli.output import (
+    JsonOpt,
+    column,
+    journal_engine,
+    print_json,
+    settings_for_command,
+    show,
+    table,
+)
 from app.ids import is_id
 
 # Rows a page holds unless asked, and at most.

@@ -12,16 +12,16 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from app.cli_output import (
+from app.cli.output import (
     JsonOpt,
     check_journal_exists,
     column,
     journal_engine,
     print_json,
+    settings_for_command,
     show,
     table,
 )
-from app.cli_schedules import settings_for_command
 from app.clock import as_utc
 from app.delivery.outcomes import waiting_for
 from app.journal.attempt_log import Attempt
@@ -33,8 +33,11 @@ from app.observe.tracing import trace_id_of
 if TYPE_CHECKING:
     from app.recovery.record_actions import BulkCounts
 
+# Built on its own when invoked (`app.cli.main.LazyCommands`): no completion options of its own.
 records_cli = typer.Typer(
-    help="Journal records: find them, retry them, cancel them.", no_args_is_help=True
+    help="Journal records: find them, retry them, cancel them.",
+    no_args_is_help=True,
+    add_completion=False,
 )
 
 # A record's id, and how wide a terminal shows it whole in a table of records.

@@ -7,19 +7,13 @@ from typing import Annotated
 
 import typer
 
-from app.cli_output import JsonOpt, journal_engine, print_json, show, table
-from app.config.settings import Settings, load_settings
+from app.cli.output import JsonOpt, journal_engine, print_json, settings_for_command, show, table
 from app.journal.audit import Action
-from app.logs import configure_logging
 
-schedules_cli = typer.Typer(help="Cron schedules, fired by beat.", no_args_is_help=True)
-
-
-def settings_for_command() -> Settings:
-    """The settings of a command, with its logging configured. Raises `ConfigError`."""
-    settings = load_settings()
-    configure_logging(json=settings.log_json, level=settings.log_level)
-    return settings
+# Built on its own when invoked (`app.cli.main.LazyCommands`): no completion options of its own.
+schedules_cli = typer.Typer(
+    help="Cron schedules, fired by beat.", no_args_is_help=True, add_completion=False
+)
 
 
 _settings = settings_for_command
