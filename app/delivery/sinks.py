@@ -251,7 +251,7 @@ async def _answer_start(content: aiohttp.StreamReader) -> str:
             break
         data += chunk
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-    return decoder.decode(bytes(data), final=False)[:MAX_HTTP_ANSWER_LENGTH]
+    return decoder.decode(bytes(data), final=False)  # no more characters than bytes
 
 
 def quoted(answer: str) -> str:

@@ -4,9 +4,7 @@ after its component's name, Flower started once the workers answer, one ready ba
 from __future__ import annotations
 
 import contextlib
-import os
 import re
-import signal
 import socket
 import subprocess
 from collections.abc import Iterator
@@ -20,10 +18,9 @@ import pytest
 from app.local.embedded_redis import answers
 from tests.integration.test_cli import PIPELINE, clean_env
 from tests.support.processes import (
-    KILLED_EXIT_TIMEOUT_S,
     free_port,
-    group_alive,
     run_until_exit,
+    stop_up,
     wait_for,
 )
 
@@ -157,17 +154,7 @@ def running_up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningUp]:
             )
         yield up
     finally:
-        pids = {int(pid) for pid in re.findall(r"\(pid (\d+)\)", up.output())}
-        if process.poll() is None:
-            process.send_signal(signal.SIGINT)
-            try:
-                process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait(timeout=KILLED_EXIT_TIMEOUT_S)
-        for pid in pids:
-            if group_alive(pid):
-                os.killpg(pid, signal.SIGKILL)
+        stop_up(process, up.output())
 
 
 def banner_of(output: str) -> list[str]:

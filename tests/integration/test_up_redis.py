@@ -3,10 +3,7 @@ that holds another application's keys unless told to share it (`--share-redis`).
 
 from __future__ import annotations
 
-import contextlib
-import os
 import re
-import signal
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,10 +16,9 @@ from app.redis_client import make_redis
 from tests.integration.test_cli import PIPELINE
 from tests.integration.test_up import LINES, START_TIMEOUT_S, up_env
 from tests.support.processes import (
-    KILLED_EXIT_TIMEOUT_S,
     free_port,
-    group_alive,
     run_until_exit,
+    stop_up,
     wait_for,
 )
 
@@ -157,17 +153,6 @@ def test_up_uses_it_when_told_to_share_it_or_given_an_empty_database_and_says_so
             wait_for(lambda: has_keys(ours), timeout_s=30, what="the stack's keys in db 1")
             assert foreign_keys(ours, LINES).count == 0
     finally:
-        pids = {int(pid) for pid in re.findall(r"\(pid (\d+)\)", output())}
-        if process.poll() is None:
-            process.send_signal(signal.SIGINT)
-            try:
-                process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait(timeout=KILLED_EXIT_TIMEOUT_S)
-        for pid in pids:
-            if group_alive(pid):
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(pid, signal.SIGKILL)
+        stop_up(process, output())
     assert process.returncode == 0, output()
     assert answers(f"redis://127.0.0.1:{foreign_redis.port}/0")  # not ours to stop

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import socket
 import ssl
@@ -112,6 +113,24 @@ def group_alive(pgid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def stop_up(process: subprocess.Popen[bytes], output: str) -> None:
+    """Stop a `pipeline up` started as `process`: Ctrl-C (SIGINT), at most a minute to stop
+    what it started, else its group killed; then any group of its children that `output`
+    names (`(pid N)`) and that is still alive, killed."""
+    pids = {int(pid) for pid in re.findall(r"\(pid (\d+)\)", output)}
+    if process.poll() is None:
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=KILLED_EXIT_TIMEOUT_S)
+    for pid in pids:
+        if group_alive(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
 
 
 def run_until_exit(
