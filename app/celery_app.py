@@ -11,10 +11,9 @@ from celery import Celery
 from kombu.entity import Queue
 
 from app.admission.push import TASK_NAME
-from app.config.redis_url import kombu_broker
-from app.config.settings import BRPOP_TIMEOUT_S, Settings, load_settings
+from app.config.redis import kombu_broker
+from app.config.settings import BRPOP_TIMEOUT_S, Settings, load_settings, redis_options
 from app.errors import ConfigError, UnboundedPublish
-from app.redis_client import redis_options
 
 # Celery finds the task modules by name: app/ never imports workers/ or beat/.
 TASK_MODULES = ["workers.tasks"]

@@ -30,8 +30,8 @@ from datetime import datetime, timedelta
 import redis
 
 from app.clock import utcnow
-from app.logs import get_logger
 from app.observe.health import LOCK_KEY
+from app.telemetry.logs import get_logger
 
 log = get_logger(__name__)
 

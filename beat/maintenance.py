@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from app.errors import PipelineError
-from app.logs import get_logger
+from app.telemetry.logs import get_logger
 
 log = get_logger(__name__)
 

@@ -18,10 +18,10 @@ from celery.beat import Scheduler
 from app.celery_app import pipeline_settings
 from app.clock import utcnow
 from app.errors import PipelineError
-from app.logs import get_logger
-from app.observe.events import Event
 from app.observe.health import note_active_beat, note_sweep
-from app.runtime import Runtime
+from app.telemetry.events import Event
+from app.telemetry.logs import get_logger
+from app.wiring.runtime import Runtime
 from beat.lock import BeatLock, Renewer
 from beat.maintenance import Job, MaintenanceThreads
 

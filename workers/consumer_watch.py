@@ -19,8 +19,8 @@ from celery import bootsteps
 from celery.signals import task_received, task_rejected, task_unknown
 from celery.worker import state
 
-from app.logs import get_logger
 from app.observe.stall import ConsumerSample
+from app.telemetry.logs import get_logger
 
 log = get_logger(__name__)
 

@@ -31,13 +31,14 @@ import redis
 from celery.signals import worker_ready, worker_shutdown
 
 from app.clock import utcnow
-from app.logs import get_logger
-from app.observe.alerts import Alerter
-from app.observe.events import Event
+from app.config.redis import make_redis
+from app.config.settings import redis_options
 from app.observe.liveness import ConsumerReport, clear_heartbeat, publish_heartbeat
 from app.observe.stall import ConsumerSample, StallWatch, watch
-from app.observe.telemetry import Telemetry
-from app.redis_client import make_redis, redis_options
+from app.telemetry.alerts import Alerter
+from app.telemetry.counters import Telemetry
+from app.telemetry.events import Event
+from app.telemetry.logs import get_logger
 from workers.consumer_watch import ConsumerProbe
 
 log = get_logger(__name__)

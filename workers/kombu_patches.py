@@ -1,7 +1,7 @@
 """Four changes to kombu's Redis transport in the pipeline's workers. Its Sentinel transport
 (a `sentinel://` broker) subclasses it without overriding what is changed here, so it gets
 the same changes; its connections are redis-py's `SentinelManagedConnection`, which
-`app.redis_client` replaces when idle like the others (guarded by the unit tests).
+`app.config.redis` replaces when idle like the others (guarded by the unit tests).
 
 1. One client object per channel. kombu builds a new `redis.Redis` (over the channel's
    connection pool) for every command it sends outside the blocking fetch: an ack, a
@@ -25,7 +25,7 @@ after the visibility timeout) or were lost with Redis, and the journal re-enqueu
 
 4. No health-check ping that waits on the event loop. The commands a worker sends between
    fetches (acks, kombu's binding refresh every second, Celery's heartbeat events) use
-   connections that are replaced when idle past the interval (`app.redis_client`). The
+   connections that are replaced when idle past the interval (`app.config.redis`). The
    fetch and pub/sub connections are not checked before a command at all: a check there
    either waits out the socket timeout on a dead connection or, when it reconnects,
    leaves kombu waiting on the old socket and sending a second fetch. kombu watches those
@@ -43,8 +43,8 @@ from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual as kombu_virtual
 
 from app.admission.ledger import RELEASE, held_key, records_key
-from app.logs import get_logger
-from app.redis_client import replaced_when_idle
+from app.config.redis import replaced_when_idle
+from app.telemetry.logs import get_logger
 
 log = get_logger(__name__)
 

@@ -23,9 +23,9 @@ from app.errors import JournalUnavailable
 from app.journal import store
 from app.journal.models import Record
 from app.lines import Line
-from app.logs import get_logger
-from app.observe.tracing import trace_id_of
-from app.runtime import Runtime
+from app.telemetry.logs import get_logger
+from app.telemetry.tracing import trace_id_of
+from app.wiring.runtime import Runtime
 from workers import (
     heartbeat,  # noqa: F401 - connects the heartbeat to the worker's signals
     kombu_patches,  # noqa: F401 - one client per channel; alive through a Redis loss

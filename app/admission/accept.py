@@ -21,9 +21,9 @@ from app.journal.models import Record, RecordStatus
 from app.journal.store import NewRecord
 from app.journal.transitions import Event as TransitionEvent
 from app.lines import Line, LineRegistry
-from app.logs import get_logger
-from app.observe.alerts import Alerter
-from app.observe.events import Event
+from app.telemetry.alerts import Alerter
+from app.telemetry.events import Event
+from app.telemetry.logs import get_logger
 
 log = get_logger(__name__)
 

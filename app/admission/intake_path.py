@@ -20,7 +20,7 @@ from app.errors import JournalInDoubt, JournalUnavailable
 from app.journal.commits import CommitGate, CommitQueue
 from app.journal.models import Record, RecordStatus
 from app.journal.store import NewRecord
-from app.logs import get_logger
+from app.telemetry.logs import get_logger
 
 log = get_logger(__name__)
 

@@ -28,8 +28,8 @@ from app.journal.journal import Journal
 from app.journal.pauses import LinePause
 from app.journal.transitions import Event
 from app.lines import LineRegistry
-from app.logs import get_logger
-from app.observe.recent import Recent
+from app.telemetry.logs import get_logger
+from app.threads import Recent
 
 log = get_logger(__name__)
 

@@ -22,9 +22,9 @@ import redis
 from app.admission.ledger import Ledger, held_key, records_key
 from app.admission.push_spans import PushSpans
 from app.admission.waiting import BEHIND_KEY, LEAVING_EXPIRY_MS, LEAVING_KEY, Waiting
+from app.config.redis import as_text
 from app.errors import BrokerUnavailable
-from app.observe.tracing import NO_TRACING, Tracing
-from app.redis_client import as_text
+from app.telemetry.tracing import NO_TRACING, Tracing
 
 # The one task every line's worker runs; its queue tells the line.
 TASK_NAME = "pipeline.process"
@@ -99,7 +99,7 @@ class PushResult:
 
 
 # The message header that carries a traceparent per traced record of the message,
-# `{record id: traceparent}` (`app.observe.tracing`); absent when none is traced.
+# `{record id: traceparent}` (`app.telemetry.tracing`); absent when none is traced.
 TRACEPARENTS_HEADER = "traceparents"
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from app.observe.tracing import Span, SpanKind, Tracing
+from app.telemetry.tracing import Span, SpanKind, Tracing
 
 
 class PushSpans:

@@ -23,8 +23,8 @@ from contextlib import contextmanager
 
 import redis
 
+from app.config.redis import as_text
 from app.errors import BrokerUnavailable
-from app.redis_client import as_text
 
 BEHIND_KEY = "pipeline:behind:{queue}"
 LEAVING_KEY = "pipeline:leaving:{queue}"

@@ -24,7 +24,7 @@ from app.journal import attempt_log, store
 from app.journal.models import RecordStatus, Source, records
 from app.journal.store import RecordFilter
 from app.recovery.record_actions import RecordActions
-from app.runtime import Runtime
+from app.wiring.runtime import Runtime
 
 # Rows written per statement while a journal is filled.
 FILL_BATCH = 10_000

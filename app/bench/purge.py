@@ -10,7 +10,7 @@ import time
 from datetime import UTC, datetime
 
 from app.config.settings import load_settings
-from app.runtime import Runtime
+from app.wiring.runtime import Runtime
 
 
 def main() -> None:

@@ -39,7 +39,7 @@ from app.journal.engine import make_engine
 from app.journal.models import RecordStatus, records
 from app.local.supervisor import Child
 from app.recovery.replay import ReplayFilter
-from app.runtime import Runtime
+from app.wiring.runtime import Runtime
 
 # Requests made ahead for wrk, per second of its run: above what any endpoint here serves
 # signed and journaled, so each request has its own nonce (the bare endpoint, faster,

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from app.logs import configure_logging
+from app.telemetry.logs import configure_logging
 
 
 def bench(

@@ -27,7 +27,7 @@ def resume(line: LineArgument, reason: ReasonOption = None) -> None:
 def _act(action: str, line: str, reason: str | None) -> None:
     from app.clock import utcnow  # noqa: PLC0415
     from app.journal.audit import cli_actor  # noqa: PLC0415
-    from app.runtime import Runtime  # noqa: PLC0415
+    from app.wiring.runtime import Runtime  # noqa: PLC0415
 
     settings = settings_for_command()
     check_journal_exists(settings.database_url)

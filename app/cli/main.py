@@ -32,8 +32,8 @@ from app.config.names import CHECKED_VARIABLE, unknown_variables
 from app.config.settings import Settings
 from app.errors import AdminNotConfigured, ConfigError, JournalUnavailable, PipelineError
 from app.journal.models import RecordStatus
-from app.logs import get_logger
-from app.priority import lower_priority
+from app.telemetry.logs import get_logger
+from app.wiring.priority import lower_priority
 
 log = get_logger(__name__)
 
@@ -350,7 +350,7 @@ def status(as_json: JsonOpt = False) -> None:
     (with --json: `GET /v1/lines`'s answer)."""
     from app.clock import utcnow  # noqa: PLC0415
     from app.intake.views import line_status_view  # noqa: PLC0415
-    from app.runtime import Runtime  # noqa: PLC0415
+    from app.wiring.runtime import Runtime  # noqa: PLC0415
 
     settings = _settings()
     check_journal_exists(settings.database_url)
@@ -421,7 +421,7 @@ def replay(
     from app.clock import utcnow  # noqa: PLC0415
     from app.journal import audit  # noqa: PLC0415
     from app.recovery.replay import DEFAULT_STATUSES, ReplayFilter  # noqa: PLC0415
-    from app.runtime import Runtime  # noqa: PLC0415
+    from app.wiring.runtime import Runtime  # noqa: PLC0415
 
     where = ReplayFilter(
         line=line,

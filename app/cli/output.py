@@ -17,7 +17,7 @@ from sqlalchemy.engine import make_url
 
 from app.config.settings import Settings, load_settings
 from app.errors import PipelineError
-from app.logs import configure_logging
+from app.telemetry.logs import configure_logging
 
 JsonOpt = Annotated[
     bool,

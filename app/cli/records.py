@@ -28,7 +28,7 @@ from app.journal.attempt_log import Attempt
 from app.journal.audit import MAX_REASON_LENGTH
 from app.journal.models import Record, RecordStatus, Source
 from app.journal.store import RecordFilter
-from app.observe.tracing import trace_id_of
+from app.telemetry.tracing import trace_id_of
 
 if TYPE_CHECKING:
     from app.recovery.record_actions import BulkCounts
@@ -199,7 +199,7 @@ def _act(
     from app.clock import utcnow  # noqa: PLC0415
     from app.journal.audit import cli_actor  # noqa: PLC0415
     from app.recovery.record_actions import RecordActions, describe  # noqa: PLC0415
-    from app.runtime import Runtime  # noqa: PLC0415
+    from app.wiring.runtime import Runtime  # noqa: PLC0415
 
     if record_id is not None and (describe(where) or dry_run):
         raise typer.BadParameter("name a record id or filters, not both; --dry-run is for filters")

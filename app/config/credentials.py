@@ -11,7 +11,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, SecretStr
 
 from app import standard_webhooks
-from app.dedup_keys import MIN_SECRET_BYTES, key_id_problem
+from app.ids import MIN_SECRET_BYTES, key_id_problem
 
 # An admin token's name is its actor in the audit log: letters, digits and `._@-`, so it
 # cannot pass for `cli:<user>` (a command-line user) or carry spaces or markup; `dev` is

@@ -42,7 +42,7 @@ from app.config.credentials import (
 )
 from app.config.database_url import check_database_url
 from app.config.line_settings import LineSettings, limit_wait_s, longest_delivery_s
-from app.config.redis_url import check_redis_url
+from app.config.redis import check_redis_url
 from app.config.sink_settings import SinkKind
 from app.errors import ConfigError
 
@@ -195,7 +195,7 @@ class Settings(BaseSettings):
     # `user:password`; `pipeline up` and `pipeline flower` generate one when it is not set.
     flower_basic_auth: SecretStr | None = None
     # An OTLP/HTTP collector (e.g. http://collector:4318): each process exports its spans
-    # there (app.observe.tracing; needs the `otel` extra). Unset: nothing is traced.
+    # there (app.telemetry.tracing; needs the `otel` extra). Unset: nothing is traced.
     otel_endpoint: str | None = Field(default=None, pattern=r"^https?://\S+$")
     log_json: bool = False
     log_level: str = Field(default="INFO", pattern=r"^(DEBUG|INFO|WARNING|ERROR)$")
@@ -352,6 +352,17 @@ class Settings(BaseSettings):
         if config_file:
             sources.append(TomlConfigSettingsSource(settings_cls, toml_file=Path(config_file)))
         return tuple(sources)
+
+
+def redis_options(settings: Settings) -> dict[str, Any]:
+    """Redis client options from the settings (0 turns a timeout or the health check off)."""
+    return {
+        "health_check_interval": settings.redis_health_check_interval_seconds,
+        "socket_keepalive": settings.redis_socket_keepalive,
+        "socket_connect_timeout": settings.redis_connect_timeout_seconds or None,
+        "socket_timeout": settings.redis_socket_timeout_seconds or None,
+        "retry_on_timeout": settings.redis_retry_on_timeout,
+    }
 
 
 def _variable_name(location: tuple[int | str, ...]) -> str:

@@ -71,11 +71,11 @@ from app.journal.commits import in_one_transaction
 from app.journal.journal import Journal
 from app.journal.models import Record, RecordStatus
 from app.lines import Line, LineRegistry
-from app.logs import get_logger
-from app.observe.alerts import Alerter
-from app.observe.events import Event
-from app.observe.telemetry import Telemetry
-from app.observe.tracing import Span, SpanKind, Tracing
+from app.telemetry.alerts import Alerter
+from app.telemetry.counters import Telemetry
+from app.telemetry.events import Event
+from app.telemetry.logs import get_logger
+from app.telemetry.tracing import Span, SpanKind, Tracing
 
 log = get_logger(__name__)
 

@@ -24,11 +24,11 @@ from app.journal.attempt_log import Attempt, Outcome, new_attempt
 from app.journal.attempts import why_not_claimed, worker_of
 from app.journal.models import Record, RecordStatus
 from app.lines import Line
-from app.logs import get_logger
-from app.observe.alerts import Alerter
-from app.observe.events import Event
-from app.observe.telemetry import Counter, Telemetry
-from app.observe.tracing import Span
+from app.telemetry.alerts import Alerter
+from app.telemetry.counters import Counter, Telemetry
+from app.telemetry.events import Event
+from app.telemetry.logs import get_logger
+from app.telemetry.tracing import Span
 
 log = get_logger(__name__)
 

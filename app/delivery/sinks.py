@@ -41,7 +41,7 @@ from app.errors import DeliveryFailed
 from app.journal.attempt_log import MAX_HTTP_ANSWER_LENGTH
 from app.journal.models import Record, order_status, orders, refunds, sink_rows
 from app.journal.store import among
-from app.observe.tracing import NO_SPAN, NO_TRACING, Span, SpanKind, Tracing
+from app.telemetry.tracing import NO_SPAN, NO_TRACING, Span, SpanKind, Tracing
 
 # The table that keeps the newest status per order (not a payload per business number).
 ORDER_STATUS_TABLE = order_status.name

@@ -23,7 +23,7 @@ from app.intake.gate import LINE_SHARE
 from app.journal import store
 from app.journal.models import RecordStatus
 from app.lines import Line
-from app.runtime import Runtime
+from app.wiring.runtime import Runtime
 
 
 @dataclass(kw_only=True)

@@ -12,9 +12,9 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app import errors
-from app.logs import get_logger
-from app.observe.telemetry import Counter, IntakeOutcome
-from app.runtime import Runtime
+from app.telemetry.counters import Counter, IntakeOutcome
+from app.telemetry.logs import get_logger
+from app.wiring.runtime import Runtime
 
 log = get_logger(__name__)
 T = TypeVar("T")

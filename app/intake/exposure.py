@@ -20,7 +20,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from app.config.settings import Settings
 from app.errors import ConfigError, HostNotAllowed, NotLoopback
 from app.intake.errors import response_for
-from app.logs import get_logger
+from app.telemetry.logs import get_logger
 
 log = get_logger(__name__)
 

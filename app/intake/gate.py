@@ -38,7 +38,7 @@ from app.intake.admin import ACTOR_STATE, AdminRoutes, admin_actor
 from app.intake.errors import outcome_for, response_for
 from app.intake.exposure import READ_METHODS, cross_site
 from app.lines import LineRegistry
-from app.observe.telemetry import Counter, Telemetry
+from app.telemetry.counters import Counter, Telemetry
 
 EXEMPT_PATHS = frozenset({"/healthz", "/readyz"})
 MAX_HEADERS = 100

@@ -30,9 +30,9 @@ from app.intake.gate import RequestGate
 from app.intake.pacing import pacers_for
 from app.intake.request_spans import RequestSpans
 from app.lines import LineRegistry
-from app.priority import lower_priority
 from app.recovery.drain import Drainer
-from app.runtime import Runtime
+from app.wiring.priority import lower_priority
+from app.wiring.runtime import Runtime
 
 # Threads answering requests at once share this many journal connections.
 DB_POOL_SIZE = 10

@@ -9,7 +9,7 @@ from functools import cache
 from typing import Any
 
 from app import errors
-from app.dedup_keys import MAX_KEY_ID_LENGTH
+from app.ids import MAX_KEY_ID_LENGTH
 from app.intake.errors import STATUS_BY_ERROR
 from app.intake.signing import MAX_NONCE_LENGTH, sign
 

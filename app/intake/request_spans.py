@@ -1,4 +1,4 @@
-"""The intake's request spans (`app.observe.tracing`): one SERVER span per HTTP request,
+"""The intake's request spans (`app.telemetry.tracing`): one SERVER span per HTTP request,
 named by its method and route (`POST /v1/{line}`), current while the app answers it, and a
 child of the caller's `traceparent` header when one is sent."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.observe.tracing import SpanKind, Tracing
+from app.telemetry.tracing import SpanKind, Tracing
 
 # Server spans fail on these answers (OpenTelemetry's HTTP conventions for a server).
 FIRST_ERROR_STATUS = 500

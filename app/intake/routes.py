@@ -19,7 +19,6 @@ from starlette.types import Scope
 from app.admission.accept import Enqueued
 from app.admission.intake_path import Admission
 from app.clock import as_utc, utcnow
-from app.dedup_keys import DEV
 from app.errors import (
     BrokerUnavailable,
     JournalUnavailable,
@@ -29,7 +28,7 @@ from app.errors import (
     QueueFull,
     RecordNotFound,
 )
-from app.ids import digest, new_id
+from app.ids import DEV, digest, new_id
 from app.intake.admin import AdminActor, require_admin
 from app.intake.body import parse_payload
 from app.intake.caller_runs import run_in_request
@@ -41,11 +40,11 @@ from app.journal import attempt_log, audit, store
 from app.journal.commits import CommitQueue
 from app.journal.models import RecordStatus, Source
 from app.journal.store import NewRecord
-from app.observe.incidents import history
 from app.observe.metrics import CONTENT_TYPE, render
-from app.observe.telemetry import RECENT_ALERTS, Counter, IntakeOutcome
 from app.recovery.replay import DEFAULT_STATUSES, ReplayFilter
-from app.runtime import Runtime
+from app.telemetry.counters import RECENT_ALERTS, Counter, IntakeOutcome
+from app.telemetry.incidents import history
+from app.wiring.runtime import Runtime
 
 router = APIRouter()
 _OUTCOME_BY_STATUS = {

@@ -16,10 +16,11 @@ from sqlalchemy import text
 from app.clock import utcnow
 from app.errors import BrokerUnavailable, JournalUnavailable, NotFound
 from app.intake.routes import COMMON, RuntimeDep, errors_doc
-from app.observe import health, throughput
+from app.observe import health
 from app.observe.health import Check, Reason
-from app.runtime import Runtime
 from app.schedules import store as schedule_store
+from app.telemetry import throughput
+from app.wiring.runtime import Runtime
 
 router = APIRouter()
 

@@ -20,7 +20,7 @@ from app.journal.audit import MAX_REASON_LENGTH
 from app.journal.models import RecordStatus, Source
 from app.journal.store import RecordFilter
 from app.recovery.record_actions import BulkCounts, RecordActions, check_filter
-from app.runtime import Runtime
+from app.wiring.runtime import Runtime
 
 router = APIRouter(dependencies=[Depends(_require_admin)])
 

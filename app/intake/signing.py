@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from app import standard_webhooks
 from app.client import signature
 from app.config.credentials import IntakeKey, IntakeKeyKind
-from app.dedup_keys import MAX_KEY_ID_LENGTH, intake_key
 from app.errors import BadSignature
+from app.ids import MAX_KEY_ID_LENGTH, intake_key
 
 # A nonce is an opaque client token; bounded so the dedup key fits its column.
 MAX_NONCE_LENGTH = 128
@@ -46,7 +46,7 @@ _NO_KEY = bytes(standard_webhooks.MIN_KEY_BYTES)
 @dataclass(frozen=True, kw_only=True)
 class Caller:
     """Who sent a request, and its nonce: together they are the dedup key, unambiguous
-    because a key id never contains its separator (`app.dedup_keys`)."""
+    because a key id never contains its separator (`app.ids`)."""
 
     key_id: str
     nonce: str

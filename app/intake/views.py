@@ -10,9 +10,9 @@ from typing import Any
 from app.delivery.outcomes import waiting_for
 from app.journal.attempt_log import Attempt
 from app.journal.models import Record
-from app.observe.incidents import Incident, event_id
 from app.observe.line_view import LineStatus
-from app.observe.tracing import trace_id_of
+from app.telemetry.incidents import Incident, event_id
+from app.telemetry.tracing import trace_id_of
 
 
 def payload_bytes(record: Record) -> int:

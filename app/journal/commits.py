@@ -27,7 +27,7 @@ from sqlalchemy import Connection
 
 from app.errors import JournalInDoubt, JournalUnavailable, ShuttingDown
 from app.journal.journal import Journal
-from app.logs import get_logger
+from app.telemetry.logs import get_logger
 
 log = get_logger(__name__)
 

@@ -114,7 +114,7 @@ records = Table(
     Column("lease_owner", String(128), nullable=True),
     Column("lease_expires_at", UtcDateTime, nullable=True),
     # The W3C traceparent of the request that brought the record in, when tracing is on
-    # (app.observe.tracing): its trace id, and the span its later pushes descend from.
+    # (app.telemetry.tracing): its trace id, and the span its later pushes descend from.
     Column("traceparent", String(55), nullable=True),
     Index(None, "status", "next_attempt_at"),
     Index(None, "status", "updated_at"),

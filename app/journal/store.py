@@ -105,7 +105,7 @@ class NewRecord:
     dedup_key: str
     body_sha256: str
     payload: dict[str, Any]
-    # The request's W3C traceparent, when tracing is on (`app.observe.tracing`).
+    # The request's W3C traceparent, when tracing is on (`app.telemetry.tracing`).
     traceparent: str | None = None
 
 

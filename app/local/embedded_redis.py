@@ -16,9 +16,8 @@ from urllib.parse import quote, urlsplit
 
 import redis
 
-from app.config.redis_url import is_sentinel
+from app.config.redis import is_sentinel, make_redis
 from app.errors import BrokerUnavailable, ConfigError
-from app.redis_client import make_redis
 
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 

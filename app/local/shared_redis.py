@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from app.redis_client import make_redis, masked_url
+from app.config.redis import make_redis, masked_url
 
 OUR_PREFIXES = ("pipeline:", "_kombu.")
 KOMBU_KEYS = frozenset({"unacked", "unacked_index", "unacked_mutex", "celery"})

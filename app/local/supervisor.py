@@ -28,6 +28,7 @@ from types import FrameType
 from redis import RedisError
 from sqlalchemy.engine import make_url
 
+from app.config.redis import masked_url
 from app.config.settings import Settings
 from app.errors import BrokerUnavailable, ConfigError
 from app.local.banner import Banner, http_url
@@ -37,7 +38,6 @@ from app.local.output import SUPERVISOR, Output
 from app.local.ports import check_ports, ports_of
 from app.local.readiness import http_answers, worker_nodename, workers_answering
 from app.local.shared_redis import foreign_keys, refusal
-from app.redis_client import masked_url
 
 STOP_TIMEOUT_S = 20.0
 # How long the migrations may take before `pipeline up` gives up.

@@ -1,2 +1,2 @@
-"""Observing the pipeline: alerts (vocabulary, webhooks, throttle), telemetry, metrics, the
-per-line view, the monitor, worker liveness."""
+"""What reads the pipeline's state, above delivery: the metrics, the per-line view, health,
+the monitor, worker liveness and stalls."""

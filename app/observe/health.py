@@ -21,12 +21,12 @@ from typing import Any
 
 import redis
 
-from app.logs import get_logger
-from app.observe.events import Event
+from app.config.redis import as_text
 from app.observe.line_view import LineStatus
 from app.observe.monitor import check_line, more_findings
-from app.redis_client import as_text
 from app.schedules.store import Schedule
+from app.telemetry.events import Event
+from app.telemetry.logs import get_logger
 
 log = get_logger(__name__)
 

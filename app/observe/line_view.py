@@ -21,7 +21,7 @@ from app.journal.journal import Journal
 from app.journal.pauses import LinePause
 from app.lines import LineRegistry
 from app.observe.liveness import worker_beats
-from app.observe.recent import Recent
+from app.threads import Recent
 
 # How old the journal's counts may be when they are answered: an open status page asks
 # every 2 s, a Prometheus scrape every 15 s or so; a second is fresher than either needs.

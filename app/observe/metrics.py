@@ -1,7 +1,7 @@
 """`GET /metrics`: the pipeline in Prometheus text, read at scrape time.
 
 Queue depth and live workers come from Redis, counts by status and the oldest unfinished
-record from the journal, counters from the hash every process adds to (`app.observe.telemetry`).
+record from the journal, counters from the hash every process adds to (`app.telemetry.counters`).
 A part whose source does not answer is left out, and `pipeline_redis_up` or
 `pipeline_journal_up` says so: a scrape never fails because a dependency did."""
 
@@ -19,7 +19,7 @@ from app.errors import BrokerUnavailable, JournalUnavailable
 from app.journal.models import RecordStatus
 from app.lines import LineRegistry
 from app.observe.line_view import JournalView, LineView, QueueView
-from app.observe.telemetry import Counter, IntakeOutcome, decode, read_counters
+from app.telemetry.counters import Counter, IntakeOutcome, decode, read_counters
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 

@@ -1,5 +1,5 @@
 """The queue monitor, run by the active beat every `monitor_interval_seconds`: it judges
-every condition alert each run, and each is an incident (`app.observe.incidents`): raised
+every condition alert each run, and each is an incident (`app.telemetry.incidents`): raised
 while true (the first raise opens it and sends its message; the next only count), and
 resolved by the run that finds it no longer true (`Alerter.settle`).
 
@@ -24,11 +24,11 @@ import redis
 from app.delivery.circuit import State
 from app.errors import BrokerUnavailable, JournalUnavailable
 from app.journal.models import RecordStatus
-from app.logs import get_logger
-from app.observe.alerts import Alerter
-from app.observe.events import Event
-from app.observe.incidents import Key
 from app.observe.line_view import LineStatus, LineView
+from app.telemetry.alerts import Alerter
+from app.telemetry.events import Event
+from app.telemetry.incidents import Key
+from app.telemetry.logs import get_logger
 
 log = get_logger(__name__)
 

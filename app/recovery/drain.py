@@ -12,8 +12,8 @@ from collections.abc import Callable
 from datetime import datetime
 
 from app.errors import Unavailable
-from app.logs import get_logger
 from app.recovery.sweeper import Sweeper
+from app.telemetry.logs import get_logger
 
 log = get_logger(__name__)
 

@@ -34,7 +34,7 @@ from app.journal.models import Record
 from app.journal.store import RecordFilter, RecordKey
 from app.journal.transitions import Event
 from app.lines import Line, LineRegistry
-from app.logs import get_logger
+from app.telemetry.logs import get_logger
 
 log = get_logger(__name__)
 

@@ -28,11 +28,11 @@ from app.journal.models import UNFINISHED, RecordStatus
 from app.journal.store import RecordFilter, RecordKey
 from app.journal.transitions import Event as TransitionEvent
 from app.lines import Line, LineRegistry
-from app.logs import get_logger
-from app.observe.alerts import Alerter
-from app.observe.events import Event
 from app.recovery.downstream import downstream_has
 from app.recovery.pipelined import pipelined
+from app.telemetry.alerts import Alerter
+from app.telemetry.events import Event
+from app.telemetry.logs import get_logger
 
 log = get_logger(__name__)
 

@@ -20,7 +20,7 @@ from datetime import datetime, timedelta
 
 from app.journal import expiry
 from app.journal.journal import Journal
-from app.logs import get_logger
+from app.telemetry.logs import get_logger
 
 log = get_logger(__name__)
 

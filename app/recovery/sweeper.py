@@ -22,10 +22,10 @@ from app.journal import claims
 from app.journal.journal import Journal
 from app.journal.models import Record, RecordStatus
 from app.lines import Line, LineRegistry
-from app.logs import get_logger
-from app.observe.alerts import Alerter
-from app.observe.events import Event
-from app.observe.telemetry import Counter, Telemetry
+from app.telemetry.alerts import Alerter
+from app.telemetry.counters import Counter, Telemetry
+from app.telemetry.events import Event
+from app.telemetry.logs import get_logger
 
 log = get_logger(__name__)
 

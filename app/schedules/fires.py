@@ -9,21 +9,20 @@ from datetime import datetime
 
 from app.admission.accept import Acceptor
 from app.config.line_settings import Overflow
-from app.dedup_keys import schedule_key
 from app.errors import PipelineError
-from app.ids import digest, new_id
+from app.ids import digest, new_id, schedule_key
 from app.journal.journal import Journal
 from app.journal.models import Source
 from app.journal.store import NewRecord
-from app.logs import get_logger
 from app.schedules.cron import next_fire, plan
 from app.schedules.store import Schedule, fire_payload, list_all, record_fired
+from app.telemetry.logs import get_logger
 
 log = get_logger(__name__)
 
 
 def dedup_key(name: str, fire: datetime) -> str:
-    # Its own namespace, which no intake key id may take (app.dedup_keys).
+    # Its own namespace, which no intake key id may take (app.ids).
     return schedule_key(name, fire)
 
 

@@ -18,10 +18,10 @@ from sqlalchemy import update
 from app.clock import utcnow
 from app.delivery.outcomes import NOT_ATTEMPTED, circuit_open
 from app.journal.models import RecordStatus, records
-from app.observe.events import Event
-from app.observe.telemetry import Counter
 from app.schedules.cron import Misfire
 from app.schedules.store import add
+from app.telemetry.counters import Counter
+from app.telemetry.events import Event
 from tests.support.browser import (
     DESKTOP,
     PHONE,

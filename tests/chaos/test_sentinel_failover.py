@@ -18,9 +18,9 @@ import pytest
 import redis
 
 from app.admission.push import Pusher
+from app.config.redis import make_redis
 from app.journal.models import RecordStatus
-from app.redis_client import make_redis
-from app.runtime import Runtime
+from app.wiring.runtime import Runtime
 from beat.lock import BeatLock
 from tests.support.harness import Harness
 from tests.support.processes import wait_for

@@ -14,12 +14,12 @@ from typing import Any
 import pytest
 
 from app.clock import utcnow
-from app.config.settings import load_settings
-from app.observe.alerts import FLUSH_INTERVAL_S, Alerter
-from app.observe.events import Event
-from app.observe.incidents import IncidentBook
-from app.observe.telemetry import Telemetry
-from app.redis_client import make_redis, redis_options
+from app.config.redis import make_redis
+from app.config.settings import load_settings, redis_options
+from app.telemetry.alerts import FLUSH_INTERVAL_S, Alerter
+from app.telemetry.counters import Telemetry
+from app.telemetry.events import Event
+from app.telemetry.incidents import IncidentBook
 from tests.support.processes import wait_for
 from tests.support.recorder import Recorder, SilentServer
 

@@ -10,7 +10,7 @@ import pytest
 
 from app.clock import utcnow
 from app.journal.models import RecordStatus
-from app.runtime import Runtime
+from app.wiring.runtime import Runtime
 from tests.support.harness import Harness
 from tests.support.journal import journal_records, new_record
 from tests.support.messages import queued_ids

@@ -13,13 +13,13 @@ import pytest
 
 from app.clock import utcnow
 from app.journal.models import RecordStatus
-from app.observe import throughput
-from app.observe.events import Event
 from app.observe.health import note_active_beat, note_sweep
 from app.observe.liveness import ConsumerReport, publish_heartbeat
-from app.observe.telemetry import Counter, Telemetry
 from app.schedules.cron import Misfire
 from app.schedules.store import add
+from app.telemetry import throughput
+from app.telemetry.counters import Counter, Telemetry
+from app.telemetry.events import Event
 from beat.lock import BeatLock
 from tests.support.journal import journal_records
 from tests.support.processes import free_port

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from kombu import Connection
 
+from app.config.redis import DEFAULT_OPTIONS, make_redis
 from app.local.embedded_redis import RedisServer
-from app.redis_client import DEFAULT_OPTIONS, make_redis
 from tests.support.processes import wait_for
 from tests.support.proxy import IdleProxy
 from workers import kombu_patches  # noqa: F401 - the worker's changes to kombu's transport

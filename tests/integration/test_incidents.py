@@ -17,14 +17,14 @@ import pytest
 import redis
 
 from app.clock import utcnow
-from app.config.settings import load_settings
+from app.config.redis import make_redis
+from app.config.settings import load_settings, redis_options
 from app.local.embedded_redis import RedisServer
-from app.observe.alerts import Alerter
-from app.observe.events import Event
-from app.observe.incidents import RECENT_RESOLVED, IncidentBook, new_incident
 from app.observe.liveness import ConsumerReport, publish_heartbeat
-from app.observe.telemetry import Telemetry
-from app.redis_client import make_redis, redis_options
+from app.telemetry.alerts import Alerter
+from app.telemetry.counters import Telemetry
+from app.telemetry.events import Event
+from app.telemetry.incidents import RECENT_RESOLVED, IncidentBook, new_incident
 from tests.support.processes import free_port, wait_for
 from tests.support.recorder import Recorder
 

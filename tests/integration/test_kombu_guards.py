@@ -181,7 +181,7 @@ def test_patched_pools_use_connections_that_never_ping_before_a_command(redis_ur
     [
         ("shipped", "pool", 1, False),
         ("shipped", "async_pool", 1, False),
-        ("patched", "pool", 0, True),  # replaced when idle instead (app.redis_client)
+        ("patched", "pool", 0, True),  # replaced when idle instead (app.config.redis)
         ("patched", "async_pool", 0, False),  # kombu's event loop watches it
     ],
 )

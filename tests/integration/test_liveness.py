@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from app.clock import utcnow
-from app.observe.events import Event
 from app.observe.liveness import ConsumerReport, heartbeat_key, publish_heartbeat, stalled_workers
+from app.telemetry.events import Event
 from tests.support.harness import Harness
 
 pytestmark = pytest.mark.journal_independent

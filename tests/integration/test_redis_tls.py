@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from app.redis_client import make_redis
+from app.config.redis import make_redis
 from tests.support.processes import free_port, wait_for
 from tests.support.services import require
 

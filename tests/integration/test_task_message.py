@@ -12,8 +12,8 @@ from celery.worker.request import Request
 
 from app.admission.push import TASK_NAME, Pusher
 from app.celery_app import create_celery
+from app.config.redis import make_redis
 from app.config.settings import load_settings
-from app.redis_client import make_redis
 
 pytestmark = pytest.mark.journal_independent
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from app.config.settings import load_settings
+from app.config.redis import make_redis
+from app.config.settings import load_settings, redis_options
 from app.local.embedded_redis import RedisServer
-from app.observe.telemetry import Counter, Telemetry, encode, read_counters
-from app.redis_client import make_redis, redis_options
+from app.telemetry.counters import Counter, Telemetry, encode, read_counters
 from tests.support.processes import free_port
 
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from app.config.redis import make_redis
 from app.local.embedded_redis import RedisServer, answers
 from app.local.shared_redis import foreign_keys, is_ours
-from app.redis_client import make_redis
 from tests.integration.test_cli import PIPELINE
 from tests.integration.test_up import LINES, START_TIMEOUT_S, up_env
 from tests.support.processes import (

@@ -19,7 +19,7 @@ from app.config.settings import Settings, load_settings
 from app.intake.main import create_app
 from app.intake.signing import sign
 from app.journal.models import Record, RecordStatus, records
-from app.runtime import Runtime
+from app.wiring.runtime import Runtime
 from tests.support.processes import Component, free_port, wait_for
 
 FINAL = {RecordStatus.DONE, RecordStatus.DEAD, RecordStatus.REJECTED}

@@ -13,7 +13,7 @@ from app.ids import new_id
 from app.journal import store
 from app.journal.models import RecordStatus, Source, records
 from app.journal.store import NewRecord
-from app.runtime import Runtime
+from app.wiring.runtime import Runtime
 
 
 def journal_records(

@@ -7,7 +7,7 @@ import dataclasses
 import threading
 from typing import Any
 
-from app.logs import get_logger
+from app.telemetry.logs import get_logger
 from beat.maintenance import Job
 from beat.scheduler import PipelineScheduler
 

@@ -12,9 +12,9 @@ from app.admission.accept import decide_overflow
 from app.config.line_settings import Overflow
 from app.journal.models import RecordStatus
 from app.journal.transitions import Event as Transition
-from app.observe.events import Event
 from app.observe.line_view import LineStatus
 from app.observe.monitor import check_line
+from app.telemetry.events import Event
 from beat.maintenance import Job, Maintenance, MaintenanceThread, MaintenanceThreads, due
 from beat.scheduler import until_next_tick
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 import itertools
 from datetime import UTC, datetime
 
-from app.dedup_keys import RESERVED, SEPARATOR, intake_key, key_id_problem
+from app.ids import RESERVED, SEPARATOR, intake_key, key_id_problem
 from app.schedules.fires import dedup_key as fire_key
 
 # Key ids an operator might configure, the ambiguous and the reserved among them.

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from app.observe import throughput
 from app.observe.health import BeatState, beat_check, schedules_check, sweep_check
 from app.schedules.cron import Misfire
 from app.schedules.store import Schedule
+from app.telemetry import throughput
 
 NOW = datetime(2026, 12, 3, 10, 0, 30, tzinfo=UTC)
 

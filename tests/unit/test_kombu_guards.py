@@ -18,7 +18,7 @@ import redis
 from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual
 
-from app import redis_client
+from app.config import redis as redis_client
 from tests.support.kombu_shipped import kombu_redis_as_shipped
 from workers import kombu_patches
 
@@ -182,7 +182,7 @@ def test_the_sentinel_transport_keeps_every_patch(shipped):
     """kombu's Sentinel transport (a `sentinel://` broker URL) is a subclass of the Redis
     transport that overrides none of the patched methods: its channels get ours. Its pool
     is built from `_connparams` (so from our connection classes), over redis-py's
-    `SentinelManagedConnection`, which `app.redis_client` replaces when idle."""
+    `SentinelManagedConnection`, which `app.config.redis` replaces when idle."""
     channel = shipped.SentinelChannel
     assert issubclass(channel, shipped.Channel)
     assert shipped.SentinelTransport.Channel is channel

@@ -7,10 +7,17 @@ import pytest
 from redis.sentinel import SentinelManagedConnection
 
 from app.celery_app import create_celery
-from app.config.redis_url import SentinelUrl, kombu_broker, parse_sentinel_url
+from app.config.redis import (
+    SentinelConnection,
+    SentinelUrl,
+    kombu_broker,
+    make_redis,
+    masked_url,
+    parse_sentinel_url,
+    replaced_when_idle,
+)
 from app.config.settings import load_settings
 from app.errors import ConfigError
-from app.redis_client import SentinelConnection, make_redis, masked_url, replaced_when_idle
 
 
 def test_a_sentinel_url_names_the_sentinels_the_primary_the_db_and_the_passwords():

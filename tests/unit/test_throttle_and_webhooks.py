@@ -9,12 +9,12 @@ from datetime import UTC, datetime
 
 from pydantic import SecretStr
 
+from app.config.redis import masked_url
 from app.config.settings import WebhookKind, WebhookSettings
 from app.delivery.sinks import redact_url
-from app.observe.events import AlertEvent, Event
-from app.observe.throttle import Throttle
-from app.observe.webhooks import build_request, dingtalk_sign
-from app.redis_client import masked_url
+from app.telemetry.events import AlertEvent, Event
+from app.telemetry.throttle import Throttle
+from app.telemetry.webhooks import build_request, dingtalk_sign
 
 ALERT = AlertEvent(
     event=Event.QUEUE_FULL,

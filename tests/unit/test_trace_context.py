@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.observe.tracing import NO_TRACING, SpanKind, make_tracing, trace_id_of, traces_url
+from app.telemetry.tracing import NO_TRACING, SpanKind, make_tracing, trace_id_of, traces_url
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 

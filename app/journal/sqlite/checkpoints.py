@@ -17,7 +17,7 @@ import sqlite3
 import threading
 import urllib.parse
 
-from app.logs import get_logger
+from app.telemetry.logs import get_logger
 
 log = get_logger(__name__)
 

@@ -182,7 +182,7 @@ def make_tracing(endpoint: str | None, *, service: str) -> Tracing:
     if not endpoint:
         return NO_TRACING
     try:
-        from app.observe import otel  # noqa: PLC0415 - the SDK is optional: imported only when asked for
+        from app.telemetry import otel  # noqa: PLC0415 - the SDK is optional: imported only when asked for
     except ImportError as exc:
         raise ConfigError(
             "PIPELINE_OTEL_ENDPOINT is set but the OpenTelemetry SDK or its OTLP exporter is "

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from app.logs import get_logger
+from app.telemetry.logs import get_logger
 
 log = get_logger(__name__)
 

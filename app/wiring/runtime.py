@@ -16,7 +16,8 @@ from app.admission.accept import Acceptor
 from app.admission.pause import LinePauser, PausedLines
 from app.admission.push import Pusher
 from app.clock import utcnow
-from app.config.settings import Settings
+from app.config.redis import make_redis
+from app.config.settings import Settings, redis_options
 from app.delivery.circuit import Circuits
 from app.delivery.engine import AttemptEngine
 from app.delivery.limits import DeliveryLimits
@@ -24,17 +25,16 @@ from app.delivery.sinks import make_http_client
 from app.journal.engine import make_engine
 from app.journal.journal import Journal
 from app.lines import LineRegistry
-from app.observe.alerts import Alerter
 from app.observe.line_view import LineView
 from app.observe.monitor import Monitor
-from app.observe.telemetry import Telemetry
-from app.observe.tracing import Tracing, make_tracing
 from app.recovery.lost_messages import LostMessages
 from app.recovery.replay import Replayer
 from app.recovery.retention import Retention
 from app.recovery.sweeper import Sweeper
-from app.redis_client import make_redis, redis_options
 from app.schedules.fires import ScheduleFirer
+from app.telemetry.alerts import Alerter
+from app.telemetry.counters import Telemetry
+from app.telemetry.tracing import Tracing, make_tracing
 
 
 @dataclass(frozen=True, kw_only=True)

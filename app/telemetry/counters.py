@@ -1,11 +1,11 @@
 """What every process of the pipeline reports for the operator's view: counters (intake
 outcomes, records done and dead, sweeper re-enqueues, alerts raised) and the last point
-events among the alerts (the incidents are kept by `app.observe.incidents`).
+events among the alerts (the incidents are kept by `app.telemetry.incidents`).
 
 Each process adds to local counts, which one background thread folds into Redis every
 second (`HINCRBY` on one hash, pipelined), so `/metrics` on any intake sums every process
 on every host. Outcomes (done, failed, dead) also go into per-minute buckets per line
-(`app.observe.throughput`), in the minute they were counted. Counting never blocks or
+(`app.telemetry.throughput`), in the minute they were counted. Counting never blocks or
 fails the caller: while Redis is away the counts wait in memory and go with the next
 flush."""
 
@@ -23,10 +23,10 @@ from typing import Any
 import redis
 
 from app.clock import utcnow
+from app.config.redis import as_text
 from app.errors import BrokerUnavailable
-from app.logs import get_logger
-from app.observe import throughput
-from app.redis_client import as_text
+from app.telemetry import throughput
+from app.telemetry.logs import get_logger
 
 log = get_logger(__name__)
 

@@ -1,13 +1,16 @@
 """`Recent`: computed at most once per lifetime on a clock the test moves, one computation
-at a time, the others served the value they can have."""
+at a time, the others served the value they can have. `LoopThread`: steps at once, when
+woken and when stopped; a step that raises is logged and the loop goes on."""
 
 from __future__ import annotations
 
 import threading
 
 import pytest
+from structlog.testing import capture_logs
 
-from app.observe.recent import Recent
+from app.bench.procs import wait_until
+from app.threads import STOP, LoopThread, Recent
 
 
 class Clock:
@@ -106,3 +109,74 @@ def test_callers_with_no_value_yet_wait_for_the_one_computation():
             thread.join(timeout=10)
     assert got == ["first"] * 5
     assert len(calls) == 1
+
+
+def test_a_loop_steps_at_once_then_when_woken_and_once_more_when_stopped() -> None:
+    steps: list[int] = []
+    stepped = threading.Event()
+
+    def step() -> float | None:
+        steps.append(len(steps))
+        stepped.set()
+        return None
+
+    loop = LoopThread(step, name="test-loop", every_s=3600.0, final_step=True)
+    loop.start()
+    loop.start()  # a second start while it runs starts nothing
+    assert stepped.wait(5.0)
+    stepped.clear()
+    loop.wake()
+    assert stepped.wait(5.0)
+    assert loop.stop(timeout_s=5.0)
+    assert steps == [0, 1, 2]
+    assert not loop.alive
+    loop.start()  # stopped for good
+    assert not loop.alive
+
+
+def test_a_step_that_raises_is_logged_and_the_loop_goes_on() -> None:
+    calls: list[int] = []
+    second = threading.Event()
+
+    def step() -> float | None:
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("boom")
+        second.set()
+        return None
+
+    loop = LoopThread(step, name="test-raises", every_s=0.01)
+    with capture_logs() as logs:
+        loop.start()
+        assert second.wait(5.0)
+        assert loop.stop(timeout_s=5.0)
+    assert [entry["event"] for entry in logs if entry.get("loop") == "test-raises"] == [
+        "loop_step_failed"
+    ]
+
+
+def test_a_step_may_end_its_loop_and_a_later_start_begins_another() -> None:
+    runs: list[str] = []
+
+    def step() -> float | None:
+        runs.append("step")
+        return STOP
+
+    loop = LoopThread(step, name="test-stop", every_s=3600.0)
+    loop.start()
+    wait_until(lambda: not loop.alive, timeout_s=5.0, what="the loop to end")
+    loop.start()
+    wait_until(lambda: len(runs) == 2 and not loop.alive, timeout_s=5.0, what="a second run")
+    assert runs == ["step", "step"]
+
+
+def test_stopping_a_loop_never_started_runs_its_final_step_inline() -> None:
+    steps: list[str] = []
+
+    def step() -> float | None:
+        steps.append(threading.current_thread().name)
+        return None
+
+    loop = LoopThread(step, name="test-never-started", every_s=1.0, final_step=True)
+    assert loop.stop(timeout_s=1.0)
+    assert steps == [threading.current_thread().name]

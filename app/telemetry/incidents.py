@@ -25,8 +25,8 @@ import redis
 
 from app.errors import BrokerUnavailable
 from app.ids import new_id
-from app.observe.events import Event
-from app.observe.telemetry import recent_alerts
+from app.telemetry.counters import recent_alerts
+from app.telemetry.events import Event
 
 OPEN_KEY = "pipeline:incidents:open"
 RESOLVED_KEY = "pipeline:incidents:resolved"
@@ -305,7 +305,7 @@ def event_id(alert: dict[str, Any]) -> str:
 
 def history(client: redis.Redis) -> list[Incident | dict[str, Any]]:
     """What `/v1/alerts` shows: the open incidents, the resolved ones and the point events
-    (`app.observe.telemetry.recent_alerts`), unordered. Raises `BrokerUnavailable`."""
+    (`app.telemetry.counters.recent_alerts`), unordered. Raises `BrokerUnavailable`."""
     book = IncidentBook(client)
     try:
         incidents: list[Incident | dict[str, Any]] = [*book.open_incidents(), *book.resolved()]

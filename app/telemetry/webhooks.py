@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.config.settings import WebhookKind, WebhookSettings
-from app.observe.events import AlertEvent
+from app.telemetry.events import AlertEvent
 
 
 @dataclass(frozen=True, kw_only=True)

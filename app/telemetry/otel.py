@@ -1,6 +1,6 @@
 """`Tracing` with the OpenTelemetry SDK, exporting over OTLP/HTTP.
 
-Imported only by `app.observe.tracing.make_tracing` when an endpoint is set: importing it
+Imported only by `app.telemetry.tracing.make_tracing` when an endpoint is set: importing it
 needs the `otel` extra. Each `OtelTracing` has its own tracer provider (none is installed
 as OpenTelemetry's global one); the current span is OpenTelemetry's context, so it follows
 a request from the intake's middleware into its endpoint and into threads started with a
@@ -24,8 +24,8 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.trace import Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from app.logs import get_logger
-from app.observe.tracing import AttributeValue, Span, SpanKind
+from app.telemetry.logs import get_logger
+from app.telemetry.tracing import AttributeValue, Span, SpanKind
 
 log = get_logger(__name__)
 

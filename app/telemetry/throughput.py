@@ -2,7 +2,7 @@
 
 Each process folds its outcomes into one Redis hash per line and minute
 (`pipeline:throughput:<line>:<minute>`, fields `done` and `failed`), written with the
-telemetry's flush (`app.observe.telemetry`), each key expiring after `KEEP_S`. The console
+telemetry's flush (`app.telemetry.counters`), each key expiring after `KEEP_S`. The console
 draws the last hour of them as a chart (`GET /v1/throughput`)."""
 
 from __future__ import annotations

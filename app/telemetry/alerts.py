@@ -2,7 +2,7 @@
 on a background thread from a bounded buffer: raising an alert never blocks, never raises,
 and a slow webhook (or a slow Redis) costs the caller nothing.
 
-Two kinds of alert (`app.observe.incidents.CONDITIONS`):
+Two kinds of alert (`app.telemetry.incidents.CONDITIONS`):
 
 - a condition (no live worker, a backlog, an open circuit, Redis or the journal away…) is
   an incident per (event, line), kept in Redis where every process sees it: the message
@@ -33,9 +33,9 @@ import httpx
 import redis
 
 from app.config.settings import Settings
-from app.logs import get_logger
-from app.observe.events import AlertEvent, Event
-from app.observe.incidents import (
+from app.telemetry.counters import Counter, Telemetry
+from app.telemetry.events import AlertEvent, Event
+from app.telemetry.incidents import (
     CONDITIONS,
     BookFull,
     Incident,
@@ -45,9 +45,9 @@ from app.observe.incidents import (
     new_incident,
     touched,
 )
-from app.observe.telemetry import Counter, Telemetry
-from app.observe.throttle import Throttle
-from app.observe.webhooks import build_request
+from app.telemetry.logs import get_logger
+from app.telemetry.throttle import Throttle
+from app.telemetry.webhooks import build_request
 
 log = get_logger(__name__)
 

@@ -1,5 +1,5 @@
 """Alert throttling of point events (a record died, a replay finished; conditions are
-incidents, `app.observe.incidents`): at most one message per key per window, carrying how
+incidents, `app.telemetry.incidents`): at most one message per key per window, carrying how
 many events were folded into it. Pure: every call is handed the time."""
 
 from __future__ import annotations
