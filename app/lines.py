@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import importlib
+import pkgutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -74,31 +74,22 @@ class Line:
         return self.sink.kind is SinkKind.HTTP
 
 
-def import_object(path: str) -> Any:
-    """Import `package.module:attribute` (or `package.module.attribute`)."""
-    module_name, _, attribute = path.partition(":") if ":" in path else path.rpartition(".")
-    if not module_name or not attribute:
-        raise ImportError(f"{path!r} is not a dotted path")
-    module = importlib.import_module(module_name)
-    return getattr(module, attribute)
-
-
 def _setting(line: str, name: str) -> str:
     return f"{ENV_PREFIX}LINES__{line.upper()}__{name.upper()}"
 
 
 def _resolve(name: str, settings: LineSettings) -> Line:
     try:
-        schema = import_object(settings.payload_schema)
-    except (ImportError, AttributeError) as exc:
+        schema = pkgutil.resolve_name(settings.payload_schema)
+    except (ImportError, AttributeError, ValueError) as exc:
         raise ConfigError(f"{_setting(name, 'payload_schema')}: cannot import ({exc})") from None
     if not (isinstance(schema, type) and issubclass(schema, BaseModel)):
         raise ConfigError(f"{_setting(name, 'payload_schema')}: not a pydantic model")
     handler = None
     if settings.handler:
         try:
-            handler = import_object(settings.handler)
-        except (ImportError, AttributeError) as exc:
+            handler = pkgutil.resolve_name(settings.handler)
+        except (ImportError, AttributeError, ValueError) as exc:
             raise ConfigError(f"{_setting(name, 'handler')}: cannot import ({exc})") from None
         if not callable(handler):
             raise ConfigError(f"{_setting(name, 'handler')}: not callable")

@@ -165,10 +165,18 @@ def test_a_bad_value_is_one_config_error_naming_the_variable(monkeypatch, variab
     assert "\n" not in str(caught.value)
 
 
-def test_an_unknown_handler_is_a_config_error_naming_the_variable(monkeypatch):
-    monkeypatch.setenv("PIPELINE_LINES__ORDER__HANDLER", "no_such_module.handle")
-    with pytest.raises(ConfigError, match="PIPELINE_LINES__ORDER__HANDLER"):
+@pytest.mark.parametrize("path", ["no_such_module.handle", "tests.support.handlers:nothing", "1bad:"])
+def test_an_unknown_handler_is_a_config_error_naming_the_variable(monkeypatch, path):
+    monkeypatch.setenv("PIPELINE_LINES__ORDER__HANDLER", path)
+    with pytest.raises(ConfigError, match="PIPELINE_LINES__ORDER__HANDLER: cannot import"):
         LineRegistry.from_settings(load_settings())
+
+
+@pytest.mark.parametrize("path", ["app.payloads:StatusPayload", "app.payloads.StatusPayload"])
+def test_a_payload_schema_is_named_with_a_colon_or_a_dot(monkeypatch, path):
+    monkeypatch.setenv("PIPELINE_LINES__ORDER__PAYLOAD_SCHEMA", path)
+    registry = LineRegistry.from_settings(load_settings())
+    assert registry.get("order").schema.__name__ == "StatusPayload"
 
 
 def test_a_line_delivers_on_2xx_alone_and_waits_10_s_by_default():
