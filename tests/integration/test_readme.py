@@ -1,17 +1,17 @@
-"""The README's examples run as printed. Every fenced code block of README.md is a `sh` or
-`python` block (a bare fence: Python when its block parses as Python, else shell), run
-here against one stack (a worker of the order line delivering to a downstream double; an
-intake in dev mode, one that takes the README's keys for its signed examples, one that
-takes alice's admin token for the audit's), or says in its fence why it is not run:
-```` ```sh not-run: <why> ````. A new block is run unless its author decides otherwise, in
-the README, where a reader sees it.
+"""The examples of the README and of the docs run as printed. Every fenced code block of
+README.md and of docs/*.md is a `sh` or `python` block (a bare fence: Python when its block
+parses as Python, else shell), run here against one stack (a worker of the order line
+delivering to a downstream double; an intake in dev mode, one that takes the examples' keys
+for their signed requests, one that takes alice's admin token for the audit's), or says in
+its fence why it is not run: ```` ```sh not-run: <why> ````. A new block is run unless its
+author decides otherwise, on its page, where a reader sees it.
 
 Each block runs as a reader would run it: a shell or the venv's Python, in a directory of
-its own holding the `.venv` it activates, with what its section of the README has the
-reader set in the environment (the stack's `PIPELINE_` settings, the keys, `ALICE_TOKEN`)
-and `INTAKE_URL`, the intake the examples send to; within 30 s each. It must exit 0,
-print no error answer of the intake, and every record it sends (each `"business_no": "…"`
-it names) must be in the journal afterwards."""
+its own holding the `.venv` it activates, with what its section of the page has the reader
+set in the environment (the stack's `PIPELINE_` settings, the keys, `ALICE_TOKEN`) and
+`INTAKE_URL`, the intake the examples send to; within 30 s each. It must exit 0, print no
+error answer of the intake, and every record it sends (each `"business_no": "…"` it names)
+must be in the journal afterwards."""
 
 from __future__ import annotations
 
@@ -33,7 +33,8 @@ from tests.support.downstream import Gauged
 from tests.support.harness import Harness
 from tests.support.processes import REPO
 
-README = REPO / "README.md"
+# The pages whose examples run: the README, then every page of docs/.
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 RUN = ("sh", "python")
 NOT_RUN = "not-run:"
 SHOP_1 = {"shop-1": "its-secret-of-32-random-bytes-xx"}
@@ -44,7 +45,8 @@ SHOP_2 = {
     }
 }
 ALICE_TOKEN = "alices-admin-token-of-32-bytes-x"
-# The intakes of the stack, by what they take; each README section's examples go to one,
+# The intakes of the stack, by what they take; each section's examples (a section of the
+# README or of a docs page, by its heading) go to one,
 # with the variables the section has its reader set (the others: the dev-mode intake).
 DEV, SIGNED, ADMIN = "dev", "signed", "admin"
 SECTIONS: dict[str, tuple[str, dict[str, str]]] = {
@@ -68,6 +70,7 @@ SENT = re.compile(r'"business_no": "(?P<business_no>[^"]+)"')
 
 @dataclass(frozen=True)
 class Block:
+    page: str  # its file, from the repository's root
     line: int  # of its opening fence, counted from 1
     info: str
     section: str
@@ -92,16 +95,17 @@ class Block:
         return rest.removeprefix(NOT_RUN).strip() if rest.startswith(NOT_RUN) else None
 
     def __str__(self) -> str:
-        return f"README.md:{self.line} ({self.language or 'no language'}, {self.section})"
+        return f"{self.page}:{self.line} ({self.language or 'no language'}, {self.section})"
 
 
-def readme_blocks() -> list[Block]:
-    """Every fenced code block of the README, with the heading it is under."""
+def page_blocks(page: Path) -> list[Block]:
+    """Every fenced code block of `page`, with the heading it is under."""
+    name = str(page.relative_to(REPO))
     blocks: list[Block] = []
     section = ""
     opened: tuple[int, str, str] | None = None  # the open block's line, indent and info
     body: list[str] = []
-    for number, text in enumerate(README.read_text().splitlines(), start=1):
+    for number, text in enumerate(page.read_text().splitlines(), start=1):
         fence = FENCE.match(text)
         if opened is None:
             if fence:
@@ -112,30 +116,35 @@ def readme_blocks() -> list[Block]:
         if fence and not fence["info"].strip():
             line, indent, info = opened
             code = "\n".join(b.removeprefix(indent) for b in body)
-            blocks.append(Block(line=line, info=info, section=section, code=code + "\n"))
+            blocks.append(Block(page=name, line=line, info=info, section=section, code=code + "\n"))
             opened = None
         else:
             body.append(text)
-    assert opened is None, f"README.md:{opened[0]}: a code block is never closed"
+    assert opened is None, f"{name}:{opened[0]}: a code block is never closed"
     return blocks
 
 
-RUN_BLOCKS = [b for b in readme_blocks() if b.why_not_run is None]
-# Every block, those not run shown as skipped, with the README's reason.
+def every_block() -> list[Block]:
+    """Every fenced code block of every page, the README's first."""
+    return [block for page in PAGES for block in page_blocks(page)]
+
+
+RUN_BLOCKS = [b for b in every_block() if b.why_not_run is None]
+# Every block, those not run shown as skipped, with its page's reason.
 EVERY_BLOCK = [
     pytest.param(
         block,
-        id=f"line-{block.line}",
+        id=f"{Path(block.page).name}-line-{block.line}",
         marks=[pytest.mark.skip(reason=f"{block}: not run: {block.why_not_run}")]
         if block.why_not_run is not None
         else [],
     )
-    for block in readme_blocks()
+    for block in every_block()
 ]
 
 
 def test_every_block_runs_or_says_why_not() -> None:
-    blocks = readme_blocks()
+    blocks = every_block()
     assert blocks
     for block in blocks:
         if block.why_not_run is None:
@@ -146,6 +155,7 @@ def test_every_block_runs_or_says_why_not() -> None:
         else:
             assert block.why_not_run, f"{block}: {NOT_RUN} needs a reason"
     assert any(block.language == "python" for block in RUN_BLOCKS)
+    assert {block.page for block in blocks} > {"README.md"}, "the docs' blocks are run too"
 
 
 @dataclass(frozen=True)
@@ -165,7 +175,7 @@ class Stack:
 @pytest.fixture(scope="module")
 def stack(module_harness: Harness, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """One stack for every block: a worker of the order line delivering to a downstream
-    double, an intake in dev mode, one that takes the README's keys and one that takes
+    double, an intake in dev mode, one that takes the examples' keys and one that takes
     alice's admin token; and the directory the examples run in, with the `.venv` that "Try
     it" activates."""
     harness = module_harness
@@ -231,10 +241,10 @@ def run_snippet(argv: list[str], *, cwd: Path, env: dict[str, str]) -> Ran:
 
 
 @pytest.mark.parametrize("block", EVERY_BLOCK)
-def test_the_readme_block_runs_as_printed(stack: Stack, block: Block) -> None:
+def test_the_block_runs_as_printed(stack: Stack, block: Block) -> None:
     if block.language == "sh":
         bash = shutil.which("bash")
-        assert bash, "the README's shell examples need bash"
+        assert bash, "the shell examples need bash"
         argv = [bash, "-e", "-o", "pipefail", "-c", block.code]
     else:
         argv = [sys.executable, "-c", block.code]

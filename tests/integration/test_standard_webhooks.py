@@ -1,6 +1,7 @@
 """Standard Webhooks at both ends, over real HTTP: a source signing with the reference
 library (`standardwebhooks`) pushes to a live intake, and the HTTP sink's deliveries to a
-downstream double verify with the same library. The README's examples run as printed."""
+downstream double verify with the same library. The examples of docs/http-api.md run as
+printed."""
 
 from __future__ import annotations
 
@@ -144,18 +145,19 @@ def test_pipeline_send_signs_as_standard_webhooks_with_a_key_of_that_kind(harnes
     assert record.dedup_key == f"{SOURCE}:msg_send"
 
 
-def readme_block(first_line: str) -> str:
-    """The README's code block that starts with `first_line`."""
-    blocks = (REPO / "README.md").read_text().split("```")[1::2]
+def docs_block(first_line: str) -> str:
+    """The code block of docs/http-api.md (its "Standard Webhooks sources") that starts
+    with `first_line`."""
+    blocks = (REPO / "docs" / "http-api.md").read_text().split("```")[1::2]
     (block,) = [b for b in blocks if b.lstrip("\n").startswith(first_line)]
     return block
 
 
-def test_the_readme_examples_post_a_record_as_a_standard_webhooks_source(harness, intake):
+def test_the_docs_examples_post_a_record_as_a_standard_webhooks_source(harness, intake):
     for tool in ("bash", "curl", "openssl", "base64", "od"):
-        require(shutil.which(tool), f"the README's example needs {tool}")
+        require(shutil.which(tool), f"the example needs {tool}")
     url = str(intake.base_url).rstrip("/")
-    shell = readme_block("secret=whsec_").replace("http://127.0.0.1:8000", url)
+    shell = docs_block("secret=whsec_").replace("http://127.0.0.1:8000", url)
     ran = subprocess.run(
         [shutil.which("bash") or "bash", "-euo", "pipefail", "-c", shell],
         capture_output=True,
@@ -168,7 +170,7 @@ def test_the_readme_examples_post_a_record_as_a_standard_webhooks_source(harness
     assert status == "202", ran.stdout
     assert json.loads(answer)["status"] == "enqueued"
 
-    python = readme_block("from datetime import").replace("http://127.0.0.1:8000", url)
+    python = docs_block("from datetime import").replace("http://127.0.0.1:8000", url)
     ran = subprocess.run(
         [sys.executable, "-c", python], capture_output=True, text=True, timeout=60, check=False
     )

@@ -165,7 +165,9 @@ def test_a_bad_value_is_one_config_error_naming_the_variable(monkeypatch, variab
     assert "\n" not in str(caught.value)
 
 
-@pytest.mark.parametrize("path", ["no_such_module.handle", "tests.support.handlers:nothing", "1bad:"])
+@pytest.mark.parametrize(
+    "path", ["no_such_module.handle", "tests.support.handlers:nothing", "1bad:"]
+)
 def test_an_unknown_handler_is_a_config_error_naming_the_variable(monkeypatch, path):
     monkeypatch.setenv("PIPELINE_LINES__ORDER__HANDLER", path)
     with pytest.raises(ConfigError, match="PIPELINE_LINES__ORDER__HANDLER: cannot import"):
