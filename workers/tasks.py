@@ -40,6 +40,9 @@ _runtime: tuple[int, Runtime] | None = None
 _runtime_lock = threading.Lock()
 # The most journal connections a thread pool's process keeps (and as many more at a peak).
 MAX_JOURNAL_POOL = 8
+# How long an exiting worker process waits for its last spans to be exported (the SDK's
+# own 30 s would hold up a pool's restart).
+FLUSH_TIMEOUT_MS = 5000
 
 
 def runtime_for(task: Task[Any, Any]) -> Runtime:
@@ -76,7 +79,9 @@ def _flush_spans(**_kwargs: Any) -> None:
     """A pool process exits without running `atexit`: export its last spans first (and
     a solo or thread pool's worker, at its shutdown)."""
     if _runtime is not None and _runtime[0] == os.getpid():
-        _runtime[1].tracing.flush()
+        provider = _runtime[1].tracer_provider
+        if provider is not None:
+            provider.force_flush(timeout_millis=FLUSH_TIMEOUT_MS)
 
 
 class AttemptFailed(Exception):

@@ -18,13 +18,14 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import redis
+from opentelemetry.trace import Tracer
 
 from app.admission.ledger import Ledger, held_key, records_key
 from app.admission.push_spans import PushSpans
 from app.admission.waiting import BEHIND_KEY, LEAVING_EXPIRY_MS, LEAVING_KEY, Waiting
 from app.config.redis import as_text
 from app.errors import BrokerUnavailable
-from app.telemetry.tracing import NO_TRACING, Tracing
+from app.telemetry.tracing import NO_TRACER
 
 # The one task every line's worker runs; its queue tells the line.
 TASK_NAME = "pipeline.process"
@@ -256,9 +257,9 @@ def batches(record_ids: Sequence[str], size: int) -> list[str | list[str]]:
 class Pusher:
     """Pushes records onto their line's queue, never past its bound."""
 
-    def __init__(self, client: redis.Redis, *, tracing: Tracing = NO_TRACING) -> None:
+    def __init__(self, client: redis.Redis, *, tracer: Tracer = NO_TRACER) -> None:
         self._client = client
-        self._tracing = tracing
+        self._tracer = tracer
         self._script = client.register_script(_PUSH_BOUNDED)
         self._epoch_script = client.register_script(_CURRENT_EPOCH)
         self.waiting = Waiting(client)
@@ -297,7 +298,7 @@ class Pusher:
         args = batches(record_ids, batch_size)
         labels = batches(business_nos, batch_size) if business_nos is not None else None
         spans = PushSpans(
-            self._tracing, queue=queue, record_ids=record_ids, traceparents=traceparents
+            self._tracer, queue=queue, record_ids=record_ids, traceparents=traceparents
         )
         messages: list[str | int | bytes] = []
         for n, arg in enumerate(args):

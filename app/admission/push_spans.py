@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from app.telemetry.tracing import Span, SpanKind, Tracing
+from opentelemetry.trace import Span, SpanKind, StatusCode, Tracer
+
+from app.telemetry.tracing import parent_context, traceparent_of
 
 
 class PushSpans:
@@ -15,22 +17,23 @@ class PushSpans:
 
     def __init__(
         self,
-        tracing: Tracing,
+        tracer: Tracer,
         *,
         queue: str,
         record_ids: Sequence[str],
         traceparents: Sequence[str | None] | None,
     ) -> None:
         self._spans: dict[str, Span] = {}
-        if not tracing.enabled or traceparents is None:
+        if traceparents is None:
             return
         for record_id, parent in zip(record_ids, traceparents, strict=True):
-            if parent is None:
-                continue  # an untraced record (taken in before tracing was on, say)
-            self._spans[record_id] = tracing.start(
+            context = parent_context(tracer, parent)
+            if context is None:
+                continue  # untraced (taken in before tracing was on, say), or not tracing
+            self._spans[record_id] = tracer.start_span(
                 f"push {queue}",
+                context=context,
                 kind=SpanKind.PRODUCER,
-                parent=parent,
                 attributes={
                     "messaging.system": "redis",
                     "messaging.operation.type": "send",
@@ -45,7 +48,7 @@ class PushSpans:
         found = {
             record_id: parent
             for record_id in ids
-            if record_id in self._spans and (parent := self._spans[record_id].traceparent)
+            if record_id in self._spans and (parent := traceparent_of(self._spans[record_id]))
         }
         return found or None
 
@@ -58,5 +61,5 @@ class PushSpans:
                 continue
             span.set_attribute("pipeline.pushed", n < pushed)
             if error is not None:
-                span.fail(error)
+                span.set_status(StatusCode.ERROR, error)
             span.end()

@@ -38,6 +38,7 @@ from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 import aiohttp
+from opentelemetry.trace import Span, SpanKind, StatusCode, Tracer
 from sqlalchemy import Connection
 
 from app.admission.pause import PausedLines, hold_back
@@ -75,7 +76,7 @@ from app.telemetry.alerts import Alerter
 from app.telemetry.counters import Telemetry
 from app.telemetry.events import Event
 from app.telemetry.logs import get_logger
-from app.telemetry.tracing import Span, SpanKind, Tracing
+from app.telemetry.tracing import parent_context
 
 log = get_logger(__name__)
 
@@ -176,7 +177,7 @@ class AttemptEngine:
         circuits: Circuits,
         limits: DeliveryLimits,
         paused: PausedLines,
-        tracing: Tracing,
+        tracer: Tracer,
         lease_s: float,
     ) -> None:
         self._journal = journal
@@ -187,7 +188,7 @@ class AttemptEngine:
         self._circuits = circuits
         self._limits = limits
         self._paused = paused
-        self._tracing = tracing
+        self._tracer = tracer
         self._lease_s = lease_s
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -440,9 +441,9 @@ class AttemptEngine:
         """One delivery, within its attempt's span (current meanwhile: the request's own
         span is its child, and the span ends once the outcome is recorded)."""
         name, attributes = attempt_span(record.id, message.line)
-        parent = message.parents.get(record.id)
-        with self._tracing.span(
-            name, kind=SpanKind.CONSUMER, parent=parent, attributes=attributes
+        parent = parent_context(self._tracer, message.parents.get(record.id))
+        with self._tracer.start_as_current_span(
+            name, context=parent, kind=SpanKind.CONSUMER, attributes=attributes
         ) as span:
             try:
                 flight = await self._deliver(record, message, probe)
@@ -450,7 +451,7 @@ class AttemptEngine:
                 slots.give()
             ended = _Landed(flight=flight, slot=slot, span=span)
             await landed.put(ended)
-            if self._tracing.enabled:
+            if span.is_recording():
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(ended.recorded.wait(), COMMIT_WAIT_S)
 
@@ -492,7 +493,7 @@ class AttemptEngine:
                 delivered=settings.delivered,
                 timeout_s=settings.delivery_timeout_s,
                 signing_secret=settings.signing_secret,
-                tracing=self._tracing,
+                tracer=self._tracer,
             )
         if line.handler is not None:
             await sinks.run_handler(line.handler, record, timeout_s=settings.delivery_timeout_s)
@@ -626,7 +627,7 @@ class AttemptEngine:
                     results = self._claim_write_each(conn, ids, message)
         except BaseException as exc:
             for span in spans.values():
-                span.fail(f"{type(exc).__name__}: {exc}")
+                span.set_status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}")
                 span.end()
             raise
         found = {result.record_id: result for result in results}
@@ -722,10 +723,10 @@ class AttemptEngine:
 
     def _start_span(self, record_id: str, message: _Message) -> Span:
         name, attributes = attempt_span(record_id, message.line)
-        return self._tracing.start(
+        return self._tracer.start_span(
             name,
+            context=parent_context(self._tracer, message.parents.get(record_id)),
             kind=SpanKind.CONSUMER,
-            parent=message.parents.get(record_id),
             attributes=attributes,
         )
 

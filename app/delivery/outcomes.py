@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
 
+from opentelemetry.trace import Span, StatusCode
 from sqlalchemy import Connection
 
 from app.config.line_settings import LineSettings
@@ -28,7 +29,6 @@ from app.telemetry.alerts import Alerter
 from app.telemetry.counters import Counter, Telemetry
 from app.telemetry.events import Event
 from app.telemetry.logs import get_logger
-from app.telemetry.tracing import Span
 
 log = get_logger(__name__)
 
@@ -293,7 +293,9 @@ def attempt_span(record_id: str, line: Line | None) -> tuple[str, dict[str, str]
 def describe_attempt(span: Span, result: AttemptResult | None) -> None:
     """What the attempt came to, on its span (None: its outcome was not recorded)."""
     if result is None:
-        span.fail("the outcome was not recorded: the journal did not answer")
+        span.set_status(
+            StatusCode.ERROR, "the outcome was not recorded: the journal did not answer"
+        )
         return
     if result.record is not None:
         span.set_attribute("pipeline.attempt", result.record.attempts)
@@ -301,7 +303,7 @@ def describe_attempt(span: Span, result: AttemptResult | None) -> None:
     if result.outcome is not None:
         span.set_attribute("pipeline.outcome", result.outcome.value)
     if result.failed:
-        span.fail(result.error or "the attempt failed")
+        span.set_status(StatusCode.ERROR, result.error or "the attempt failed")
 
 
 def log_skipped(conn: Connection, record_id: str, now: datetime) -> str | None:

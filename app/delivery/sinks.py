@@ -30,6 +30,8 @@ from typing import Any
 
 import aiohttp
 import httpx
+from opentelemetry import trace
+from opentelemetry.trace import Span, SpanKind, StatusCode, Tracer
 from pydantic import SecretStr
 from sqlalchemy import Connection, Table, bindparam, select
 from sqlalchemy.dialects import postgresql, sqlite
@@ -41,7 +43,7 @@ from app.errors import DeliveryFailed
 from app.journal.attempt_log import MAX_HTTP_ANSWER_LENGTH
 from app.journal.models import Record, order_status, orders, refunds, sink_rows
 from app.journal.store import among
-from app.telemetry.tracing import NO_SPAN, NO_TRACING, Span, SpanKind, Tracing
+from app.telemetry.tracing import NO_TRACER, traceparent_of
 
 # The table that keeps the newest status per order (not a payload per business number).
 ORDER_STATUS_TABLE = order_status.name
@@ -181,15 +183,15 @@ async def deliver_http(  # noqa: PLR0913 - the line's delivery settings, keyword
     delivered: DeliveredStatuses,
     timeout_s: float,
     signing_secret: SecretStr | None = None,
-    tracing: Tracing = NO_TRACING,
+    tracer: Tracer = NO_TRACER,
     clock: Callable[[], float] = time.time,
 ) -> int:
     """POST `record` to `url`, with `Idempotency-Key: <id>` and `X-Attempt: <attempt
     number>` (a downstream sees a repeat as a later attempt); with a `signing_secret`
     (`whsec_…`), signed as Standard Webhooks do, over the exact bytes sent: `webhook-id`
     (the record id), `webhook-timestamp` (`clock()`, at this attempt) and
-    `webhook-signature`. Within a span of `tracing`, the request has a client span of its
-    own, whose traceparent it carries. Returns the answer's status code. Raises
+    `webhook-signature`. Within a span (of a trace), the request has a client span of its
+    own, of `tracer`, whose traceparent it carries. Returns the answer's status code. Raises
     `DeliveryFailed` (with the `http_status` of the answer, if any, and the start of its body
     as `http_answer`, URLs redacted, quoted in its message) unless that code is in
     `delivered`, or when none came whole within `timeout_s`, one deadline from connect to
@@ -203,7 +205,7 @@ async def deliver_http(  # noqa: PLR0913 - the line's delivery settings, keyword
         )
     shown = redact_url(url)
     answer = ""
-    with _client_span(tracing, url, headers) as span:
+    with _client_span(tracer, url, headers) as span:
         try:
             async with asyncio.timeout(timeout_s):
                 async with session.post(
@@ -215,14 +217,14 @@ async def deliver_http(  # noqa: PLR0913 - the line's delivery settings, keyword
                     else:
                         answer = await _answer_start(response.content)
         except TimeoutError as exc:
-            span.fail("no whole answer in time")
+            span.set_status(StatusCode.ERROR, "no whole answer in time")
             raise DeliveryFailed(f"POST {shown}: no whole answer within {timeout_s:g} s") from exc
         except aiohttp.ClientError as exc:
-            span.fail(type(exc).__name__)
+            span.set_status(StatusCode.ERROR, type(exc).__name__)
             raise DeliveryFailed(f"POST {shown}: {type(exc).__name__}") from exc
         span.set_attribute("http.response.status_code", status)
         if status >= FIRST_ERROR_STATUS:
-            span.fail(f"HTTP {status}")
+            span.set_status(StatusCode.ERROR, f"HTTP {status}")
     if status not in delivered:
         said = redact_urls(answer, url)
         words = quoted(said)
@@ -266,11 +268,11 @@ def quoted(answer: str) -> str:
 
 
 @contextlib.contextmanager
-def _client_span(tracing: Tracing, url: str, headers: dict[str, str]) -> Iterator[Span]:
-    """The request's client span, when it is made within a span of `tracing`; its
+def _client_span(tracer: Tracer, url: str, headers: dict[str, str]) -> Iterator[Span]:
+    """The request's client span, of `tracer`, when it is made within a span of a trace; its
     traceparent goes into `headers`. Else a span that records nothing."""
-    if tracing.current_traceparent() is None:
-        yield NO_SPAN
+    if traceparent_of(trace.get_current_span()) is None:
+        yield trace.INVALID_SPAN
         return
     parts = urllib.parse.urlsplit(url)
     attributes: dict[str, str | int] = {
@@ -280,9 +282,10 @@ def _client_span(tracing: Tracing, url: str, headers: dict[str, str]) -> Iterato
     }
     if parts.port is not None:
         attributes["server.port"] = parts.port
-    with tracing.span("POST", kind=SpanKind.CLIENT, attributes=attributes) as span:
-        if span.traceparent is not None:
-            headers["traceparent"] = span.traceparent
+    with tracer.start_as_current_span("POST", kind=SpanKind.CLIENT, attributes=attributes) as span:
+        traceparent = traceparent_of(span)
+        if traceparent is not None:
+            headers["traceparent"] = traceparent
         yield span
 
 

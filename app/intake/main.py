@@ -28,7 +28,6 @@ from app.intake.admin import AdminRoutes, require_admin
 from app.intake.exposure import LoopbackOnly, check_keys_or_dev_mode
 from app.intake.gate import RequestGate
 from app.intake.pacing import pacers_for
-from app.intake.request_spans import RequestSpans
 from app.lines import LineRegistry
 from app.recovery.drain import Drainer
 from app.wiring.priority import lower_priority
@@ -75,9 +74,18 @@ def create_app(settings: Settings) -> FastAPI:
         # `docs.install` serves /docs from an installed package, not a CDN; no ReDoc.
         docs_url=None,
         redoc_url=None,
-        # Our own spans (`RequestSpans`) and counters: FastAPI's native OpenTelemetry would
-        # make each request's span twice, and costs every request its checks.
-        telemetry={"tracing": False, "metrics": False, "logs": False},
+        # A request's span is FastAPI's own, outermost of all (it covers every answer, a
+        # refusal's too), from our provider alone (none without the endpoint, not the global
+        # one's). No spans of its own inside it: the request's is the push span's parent. Our
+        # own counters, not its metrics and logs.
+        telemetry={
+            "tracing": rt.tracer_provider is not None,
+            "tracer_provider": rt.tracer_provider,
+            "operation_spans": False,
+            "metrics": False,
+            "logs": False,
+            "auto_configure": False,
+        },
     )
     app.state.runtime = rt
     app.state.group_accept = group
@@ -106,9 +114,6 @@ def create_app(settings: Settings) -> FastAPI:
     )
     if settings.in_dev_mode:
         app.add_middleware(LoopbackOnly)  # added last: the outermost, before any limit
-    if rt.tracing.enabled:
-        # Outermost of all: a request's span covers every answer, a refusal's too.
-        app.add_middleware(RequestSpans, tracing=rt.tracing)
     for router in routers:
         app.include_router(router)
     app.router.routes.insert(0, routes.record_route(rt.lines.names()))

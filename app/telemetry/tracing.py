@@ -1,168 +1,74 @@
-"""Tracing a record across processes (W3C trace context), off unless an OTLP endpoint is set.
+"""Tracing a record across processes (W3C trace context) on the OpenTelemetry API, off unless
+an OTLP endpoint is set.
 
 With `PIPELINE_OTEL_ENDPOINT` (an OTLP/HTTP collector, e.g. `http://collector:4318`) each
-process exports its spans there with the OpenTelemetry SDK (the `otel` extra): the intake's
-request span, one push span per record, the worker's attempt span and the sink's outbound
-call. They are linked by a `traceparent`: the intake stores its request span's with the
-record, each push message carries one per record, and the downstream receives the sink
-call's as the `traceparent` header.
+process exports its spans there with the OpenTelemetry SDK (the `otel` extra), from the
+tracer provider `make_tracer_provider` builds for it: the intake's request span (FastAPI's
+own), one push span per record, the worker's attempt span and the sink's outbound call.
+They are linked by a `traceparent`: the intake stores its request span's with the record,
+each push message carries one per record, and the downstream receives the sink call's as
+the `traceparent` header.
 
-Without the endpoint `make_tracing` answers `NO_TRACING`: nothing is imported from
-OpenTelemetry, no span is made, no header is sent. The product runs without the SDK
-installed; asking for tracing without it is a `ConfigError` at start.
-
-The rest of the pipeline sees only `Tracing` and `Span` below."""
+Without the endpoint there is no provider and the pieces hold `NO_TRACER`, the API's no-op
+tracer: no span is recorded and no trace context received from another process is taken up
+(`parent_context`), so none is passed on. The product runs without the SDK installed;
+asking for tracing without it is a `ConfigError` at start."""
 
 from __future__ import annotations
 
+import os
 import re
+import socket
 import urllib.parse
-from collections.abc import Iterator, Mapping
-from contextlib import AbstractContextManager, contextmanager
-from enum import StrEnum
-from typing import Protocol
+from typing import TYPE_CHECKING
+
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.trace import Span, Tracer
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from app.errors import ConfigError
+from app.telemetry.logs import get_logger
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import TracerProvider
+
+log = get_logger(__name__)
 
 # W3C Trace Context, version 00: `00-<trace id>-<parent span id>-<flags>`, lowercase hex; an
 # all-zero trace or span id is invalid.
 _TRACEPARENT = re.compile(r"^00-(?!0{32})([0-9a-f]{32})-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}$")
-# The length of a version-00 traceparent (the journal's column holds one).
-TRACEPARENT_LENGTH = 55
 # Where an OTLP/HTTP collector takes spans, below its base URL (the OTLP specification).
 OTLP_TRACES_PATH = "/v1/traces"
-
-# An attribute's value, as the OpenTelemetry API takes it.
-AttributeValue = str | bool | int | float
-
-
-class SpanKind(StrEnum):
-    """OpenTelemetry's span kinds, as the pipeline uses them."""
-
-    SERVER = "server"  # the intake answering a request
-    CLIENT = "client"  # an outbound HTTP call (the sink's POST)
-    PRODUCER = "producer"  # a record's push onto its queue
-    CONSUMER = "consumer"  # a worker's attempt of a record
-    INTERNAL = "internal"
-
-
-class Span(Protocol):
-    """One span, open until `end()` (or the end of its `with` block)."""
-
-    @property
-    def traceparent(self) -> str | None:
-        """This span's context as a W3C traceparent (None when nothing is traced)."""
-
-    def set_attribute(self, name: str, value: AttributeValue) -> None: ...
-
-    def rename(self, name: str) -> None: ...
-
-    def fail(self, description: str) -> None:
-        """Mark the span's operation as failed (its status: error)."""
-
-    def end(self) -> None: ...
-
-
-class Tracing(Protocol):
-    """Makes spans. `parent` is a traceparent received from another process; without one, a
-    span is a child of the current span of this thread or task (a new trace if none)."""
-
-    @property
-    def enabled(self) -> bool: ...
-
-    def start(
-        self,
-        name: str,
-        *,
-        kind: SpanKind,
-        parent: str | None = None,
-        attributes: Mapping[str, AttributeValue] | None = None,
-    ) -> Span:
-        """A span, not made current: the caller ends it."""
-
-    def span(
-        self,
-        name: str,
-        *,
-        kind: SpanKind,
-        parent: str | None = None,
-        attributes: Mapping[str, AttributeValue] | None = None,
-    ) -> AbstractContextManager[Span]:
-        """A span that is the current one within the block and ends with it; an exception
-        leaving the block is recorded on it and marks it failed."""
-
-    def current_traceparent(self) -> str | None:
-        """The current span's traceparent; None outside a span, or when nothing is traced."""
-
-    def flush(self, *, timeout_s: float = 5.0) -> None:
-        """Export the spans waiting now (a process about to exit without `close`)."""
-
-    def close(self) -> None:
-        """Export what is waiting, then stop exporting."""
-
-
-class _NoSpan:
-    traceparent = None
-
-    def set_attribute(self, name: str, value: AttributeValue) -> None:
-        return
-
-    def rename(self, name: str) -> None:
-        return
-
-    def fail(self, description: str) -> None:
-        return
-
-    def end(self) -> None:
-        return
-
-
-NO_SPAN: Span = _NoSpan()
-
-
-class NoTracing:
-    """Tracing switched off: no span, no traceparent, nothing exported."""
-
-    enabled = False
-
-    def start(
-        self,
-        name: str,
-        *,
-        kind: SpanKind,
-        parent: str | None = None,
-        attributes: Mapping[str, AttributeValue] | None = None,
-    ) -> Span:
-        return NO_SPAN
-
-    @contextmanager
-    def span(
-        self,
-        name: str,
-        *,
-        kind: SpanKind,
-        parent: str | None = None,
-        attributes: Mapping[str, AttributeValue] | None = None,
-    ) -> Iterator[Span]:
-        yield NO_SPAN
-
-    def current_traceparent(self) -> str | None:
-        return None
-
-    def flush(self, *, timeout_s: float = 5.0) -> None:
-        return
-
-    def close(self) -> None:
-        return
-
-
-NO_TRACING: Tracing = NoTracing()
+# The instrumentation scope our own spans are reported under.
+SCOPE = "durable-pipeline"
+_W3C = TraceContextTextMapPropagator()
+# What the pieces trace with when tracing is off.
+NO_TRACER: Tracer = trace.NoOpTracer()
 
 
 def trace_id_of(traceparent: str | None) -> str | None:
     """The trace id (32 hex digits) of a valid version-00 traceparent; None otherwise."""
     found = _TRACEPARENT.match(traceparent or "")
     return found.group(1) if found else None
+
+
+def traceparent_of(span: Span) -> str | None:
+    """`span`'s context as a W3C traceparent; None when it is in no trace (the current span
+    outside any, or a no-op tracer's)."""
+    carrier: dict[str, str] = {}
+    _W3C.inject(carrier, context=trace.set_span_in_context(span))
+    return carrier.get("traceparent")
+
+
+def parent_context(tracer: Tracer, traceparent: str | None) -> Context | None:
+    """The context in which a span of `tracer` is the child of `traceparent`, received from
+    another process (one that does not parse gives an empty context: the span starts a
+    trace). None, the current context, without a traceparent or for the no-op tracer: the
+    API's would carry the trace on, which a process not tracing does not."""
+    if traceparent is None or isinstance(tracer, trace.NoOpTracer):
+        return None
+    return _W3C.extract({"traceparent": traceparent})
 
 
 def traces_url(endpoint: str) -> str:
@@ -175,17 +81,41 @@ def traces_url(endpoint: str) -> str:
     return urllib.parse.urlunsplit((parts.scheme, parts.netloc, path, parts.query, ""))
 
 
-def make_tracing(endpoint: str | None, *, service: str) -> Tracing:
-    """`NO_TRACING` without `endpoint`; else spans of the service `service` exported to the
-    OTLP/HTTP collector at `endpoint`. Raises `ConfigError` when the endpoint is set and
-    the OpenTelemetry SDK or its OTLP exporter is not installed."""
+def make_tracer_provider(endpoint: str | None, *, service: str) -> TracerProvider | None:
+    """None without `endpoint`; else an SDK tracer provider whose spans, of the service
+    `service`, are batched and posted to the OTLP/HTTP collector at `endpoint`. It is not
+    installed as OpenTelemetry's global one: the caller passes it (or its tracer) to what
+    makes spans, and shuts it down. The SDK's and the exporter's standard `OTEL_` variables
+    (sampler, batch delays, headers, timeout, `OTEL_SERVICE_NAME`) apply. Raises
+    `ConfigError` when the SDK or its OTLP exporter is not installed."""
     if not endpoint:
-        return NO_TRACING
+        return None
+    # The SDK is optional: imported only when asked for.
     try:
-        from app.telemetry import otel  # noqa: PLC0415 - the SDK is optional: imported only when asked for
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import (  # noqa: PLC0415
+            OTLPSpanExporter,
+        )
+        from opentelemetry.sdk.resources import Resource  # noqa: PLC0415
+        from opentelemetry.sdk.trace import TracerProvider  # noqa: PLC0415
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor  # noqa: PLC0415
     except ImportError as exc:
         raise ConfigError(
             "PIPELINE_OTEL_ENDPOINT is set but the OpenTelemetry SDK or its OTLP exporter is "
             f"not installed ({exc.name or exc}): pip install 'durable-pipeline[otel]'"
         ) from exc
-    return otel.OtelTracing(endpoint=traces_url(endpoint), service=service)
+    named = os.environ.get("OTEL_SERVICE_NAME")  # the standard variable wins
+    attributes = {"service.instance.id": f"{socket.gethostname()}:{os.getpid()}"}
+    if not named:
+        attributes["service.name"] = service
+    provider = TracerProvider(resource=Resource.create(attributes))
+    url = traces_url(endpoint)
+    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=url)))
+    # Where to, without credentials or query: the URL may carry them.
+    parts = urllib.parse.urlsplit(url)
+    port = f":{parts.port}" if parts.port else ""
+    log.info(
+        "tracing_on",
+        service=named or service,
+        collector=f"{parts.scheme}://{parts.hostname}{port}{parts.path}",
+    )
+    return provider

@@ -7,6 +7,7 @@ task, the beat scheduler, the command line) import it; nothing below them does."
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import httpx
 import redis
@@ -34,7 +35,10 @@ from app.recovery.sweeper import Sweeper
 from app.schedules.fires import ScheduleFirer
 from app.telemetry.alerts import Alerter
 from app.telemetry.counters import Telemetry
-from app.telemetry.tracing import Tracing, make_tracing
+from app.telemetry.tracing import NO_TRACER, SCOPE, make_tracer_provider
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import TracerProvider
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,7 +67,8 @@ class Runtime:
     firer: ScheduleFirer
     paused: PausedLines
     pauser: LinePauser
-    tracing: Tracing
+    # None when tracing is off (`app.telemetry.tracing`); the pieces hold its tracer.
+    tracer_provider: TracerProvider | None
 
     @classmethod
     def build(
@@ -73,15 +78,16 @@ class Runtime:
         process's spans' service (`pipeline-intake`, `pipeline-worker`) when tracing is
         on. Raises `ConfigError` (a bad line, or tracing asked for without its SDK)."""
         lines = LineRegistry.from_settings(settings)
-        tracing = make_tracing(
+        provider = make_tracer_provider(
             settings.otel_endpoint,
             service=component if component == "pipeline" else f"pipeline-{component}",
         )
+        tracer = provider.get_tracer(SCOPE) if provider is not None else NO_TRACER
         client = make_redis(settings.redis_url, redis_options(settings))
         telemetry = Telemetry(client)
         engine = make_engine(settings.database_url, pool_size=db_pool_size)
         journal = Journal(engine)
-        pusher = Pusher(client, tracing=tracing)
+        pusher = Pusher(client, tracer=tracer)
         http = make_http_client()
         alerts = Alerter(settings, clock=utcnow, telemetry=telemetry)
         paused = PausedLines(journal)
@@ -117,7 +123,7 @@ class Runtime:
                 circuits=circuits,
                 limits=DeliveryLimits(client),
                 paused=paused,
-                tracing=tracing,
+                tracer=tracer,
                 lease_s=settings.lease_seconds,
             ),
             sweeper=Sweeper(
@@ -160,7 +166,7 @@ class Runtime:
             firer=ScheduleFirer(journal=journal, acceptor=acceptor),
             paused=paused,
             pauser=LinePauser(journal=journal, waiting=pusher.waiting, lines=lines, paused=paused),
-            tracing=tracing,
+            tracer_provider=provider,
         )
 
     def close(self) -> None:
@@ -170,4 +176,5 @@ class Runtime:
         self.http.close()
         self.redis.close()
         self.engine.dispose()
-        self.tracing.close()
+        if self.tracer_provider is not None:
+            self.tracer_provider.shutdown()  # exports what is waiting first

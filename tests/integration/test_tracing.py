@@ -206,7 +206,7 @@ def test_without_the_endpoint_nothing_is_exported_and_no_traceparent_is_sent(har
 
 
 # Run in a fresh interpreter where the `otel` extra's packages cannot be imported (as where
-# it is not installed); opentelemetry-api itself may be there (FastAPI brings it).
+# it is not installed); opentelemetry-api itself is a dependency of the product.
 WITHOUT_THE_SDK = """
 import importlib.abc, json, sys
 

@@ -4,8 +4,17 @@ switched off."""
 from __future__ import annotations
 
 import pytest
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind
 
-from app.telemetry.tracing import NO_TRACING, SpanKind, make_tracing, trace_id_of, traces_url
+from app.telemetry.tracing import (
+    NO_TRACER,
+    make_tracer_provider,
+    parent_context,
+    trace_id_of,
+    traceparent_of,
+    traces_url,
+)
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 
@@ -43,10 +52,18 @@ def test_the_endpoint_is_the_collectors_base_url_or_its_traces_url(endpoint, url
 
 @pytest.mark.parametrize("endpoint", [None, ""])
 def test_without_an_endpoint_nothing_is_traced(endpoint):
-    tracing = make_tracing(endpoint, service="pipeline-intake")
-    assert tracing is NO_TRACING
-    assert not tracing.enabled
-    with tracing.span("POST", kind=SpanKind.SERVER) as span:
-        assert span.traceparent is None
-        assert tracing.current_traceparent() is None
-    assert tracing.start("push order", kind=SpanKind.PRODUCER).traceparent is None
+    # No provider: the pieces are given the API's no-op tracer (as `Runtime.build` does).
+    assert make_tracer_provider(endpoint, service="pipeline-intake") is None
+    with NO_TRACER.start_as_current_span("POST", kind=SpanKind.SERVER) as span:
+        assert traceparent_of(span) is None
+        assert traceparent_of(trace.get_current_span()) is None
+    assert traceparent_of(NO_TRACER.start_span("push order", kind=SpanKind.PRODUCER)) is None
+
+
+def test_a_process_not_tracing_passes_no_trace_it_received_on():
+    # The API's no-op tracer alone would carry a received traceparent on to its spans.
+    received = parent_context(NO_TRACER, f"00-{TRACE_ID}-00f067aa0ba902b7-01")
+    with NO_TRACER.start_as_current_span(
+        "attempt order", context=received, kind=SpanKind.CONSUMER
+    ) as span:
+        assert traceparent_of(span) is None
