@@ -19,27 +19,33 @@ STOP: Final = -1.0
 
 
 class LoopThread:
-    """Calls `step()` on one daemon thread named `name`, at once and then every `every_s`,
-    until `stop()`. A step may return how many seconds to wait before the next one (None:
-    `every_s`), or `STOP` to end the loop. `wake()` runs the next step now.
+    """Calls `step()` on one daemon thread named `name`, at once (with `delay_first`: after
+    `every_s`) and then every `every_s` (None: only when woken), until `stop()`. A step may
+    return how many seconds to wait before the next one (None: `every_s`), or `STOP` to end
+    the loop. `wake()` runs the next step now.
 
-    A step that raises is logged (`loop_step_failed`, with the loop's name) and the next
-    comes on time: a background job never dies silently. With `final_step`, `stop()` runs
-    one last step (on the thread, or inline when none was started), so what a step flushes
-    is not left behind. Thread-safe; `start()` is cheap to call on every use."""
+    A step that raises is logged (`failed_event`, with the loop's name) and the next comes
+    on time: a background job never dies silently. With `final_step`, `stop()` runs one
+    last step (on the thread, or inline when none was started), so what a step flushes is
+    not left behind; a step sees `stopping` set when it is that one. Thread-safe; `start()`
+    is cheap to call on every use, and a step may call `stop()` to make itself the last."""
 
     def __init__(
         self,
         step: Callable[[], float | None],
         *,
         name: str,
-        every_s: float,
+        every_s: float | None,
         final_step: bool = False,
+        delay_first: bool = False,
+        failed_event: str = "loop_step_failed",
     ) -> None:
         self.name = name
         self._step = step
         self._every_s = every_s
         self._final_step = final_step
+        self._delay_first = delay_first
+        self._failed_event = failed_event
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._woken = False
@@ -71,7 +77,7 @@ class LoopThread:
 
     def stop(self, *, timeout_s: float) -> bool:
         """End the loop (after the step under way, and the final one) within `timeout_s`;
-        returns whether the thread has ended."""
+        returns whether the thread has ended (False when called from the loop's own step)."""
         with self._lock:
             self._stopping = True
             self._wake.notify()
@@ -80,30 +86,40 @@ class LoopThread:
             if self._final_step:
                 self._run_step()
             return True
+        return self.join(timeout_s=timeout_s)
+
+    def join(self, *, timeout_s: float) -> bool:
+        """Wait (at most `timeout_s`) for the thread to end, without asking it to (a step
+        that returns `STOP` ends it); returns whether no thread runs."""
+        thread = self._thread
+        if thread is None:
+            return True
         if thread is not threading.current_thread():
             thread.join(timeout=timeout_s)
         return not thread.is_alive()
 
     def _run(self) -> None:
+        wait_s = None if self._delay_first else self._run_step()
         while True:
-            wait_s = self._run_step()
             with self._lock:
                 if wait_s == STOP and not self._stopping:
                     return
                 if not self._stopping and not self._woken:
-                    self._wake.wait(timeout=self._every_s if wait_s is None else max(wait_s, 0.0))
+                    timeout_s = self._every_s if wait_s is None else max(wait_s, 0.0)
+                    self._wake.wait(timeout=timeout_s)
                 self._woken = False
                 stopping = self._stopping
             if stopping:
                 if self._final_step:
                     self._run_step()
                 return
+            wait_s = self._run_step()
 
     def _run_step(self) -> float | None:
         try:
             return self._step()
         except Exception:
-            log.exception("loop_step_failed", loop=self.name)
+            log.exception(self._failed_event, loop=self.name)
             return None
 
 

@@ -32,6 +32,7 @@ import redis
 from app.clock import utcnow
 from app.observe.health import LOCK_KEY
 from app.telemetry.logs import get_logger
+from app.threads import LoopThread
 
 log = get_logger(__name__)
 
@@ -206,30 +207,25 @@ class Renewer:
         on_result: Callable[[bool, str | None], None],
     ) -> None:
         self._lock = lock
-        self._every_s = every_s
         self._on_result = on_result
-        self._stopping = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="beat-lock", daemon=True)
+        # Whatever a renewal raised, renewing goes on (the loop logs it as
+        # `beat_lock_renewal_crashed`): were this thread to end, the hold would lapse one
+        # TTL later and the beat would stand by for good, silently.
+        self._loop = LoopThread(
+            self._renew,
+            name="beat-lock",
+            every_s=every_s,
+            failed_event="beat_lock_renewal_crashed",
+        )
 
     def start(self) -> None:
-        self._thread.start()
+        self._loop.start()
 
-    def _run(self) -> None:
-        while True:
-            try:
-                held, took_over_from = self._lock.hold()
-                self._on_result(held, took_over_from)
-            except Exception:
-                # Whatever failed, renewing goes on: were this thread to end, the hold
-                # would lapse one TTL later and the beat would stand by for good, silently.
-                log.exception("beat_lock_renewal_crashed")
-            if self._stopping.wait(self._every_s):
-                return
+    def _renew(self) -> None:
+        held, took_over_from = self._lock.hold()
+        self._on_result(held, took_over_from)
 
     def stop(self, *, timeout_s: float) -> bool:
         """Stop renewing; returns whether the thread has ended within `timeout_s` (a
         renewal under way may wait for Redis up to its socket timeout)."""
-        self._stopping.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=timeout_s)
-        return not self._thread.is_alive()
+        return self._loop.stop(timeout_s=timeout_s)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from app.errors import PipelineError
 from app.telemetry.logs import get_logger
+from app.threads import STOP, LoopThread
 
 log = get_logger(__name__)
 
@@ -96,32 +97,30 @@ class MaintenanceThread:
         name: str = "maintenance",
     ) -> None:
         self._maintenance = Maintenance(jobs, clock=clock, start_s=clock())
-        self._name = f"beat-{name}"
         self._active = active
         self._stopping = stopping
-        self._thread: threading.Thread | None = None
+        # Ends itself (`STOP`) once it may not go on; `ensure_running` starts it again.
+        self._loop = LoopThread(self._step, name=f"beat-{name}", every_s=CHECK_EVERY_S)
 
     def _go_on(self) -> bool:
         return self._active() and not self._stopping.is_set()
 
     def ensure_running(self) -> None:
         """Start the thread, unless one is alive (it may still be ending a job)."""
-        if self._thread is not None and self._thread.is_alive():
-            return
-        self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
-        self._thread.start()
+        self._loop.start()
 
-    def _run(self) -> None:
-        while self._go_on():
+    def _step(self) -> float:
+        if self._go_on():
             wait_s = self._maintenance.run_due(go_on=self._go_on)
-            self._stopping.wait(min(max(wait_s, 0.0), CHECK_EVERY_S))
-        log.info("maintenance_stopped", thread=self._name, lock_held=self._active())
+            if self._go_on():
+                return min(max(wait_s, 0.0), CHECK_EVERY_S)
+        log.info("maintenance_stopped", thread=self._loop.name, lock_held=self._active())
+        return STOP
 
     def join(self, *, timeout_s: float) -> bool:
         """Wait for the thread (after `stopping` is set); returns whether it has ended."""
-        if self._thread is not None and self._thread.is_alive():
-            self._thread.join(timeout=timeout_s)
-        return self._thread is None or not self._thread.is_alive()
+        self._loop.wake()  # to see `stopping` now, not at its next look
+        return self._loop.join(timeout_s=timeout_s)
 
 
 class MaintenanceThreads:

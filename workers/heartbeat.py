@@ -39,6 +39,7 @@ from app.telemetry.alerts import Alerter
 from app.telemetry.counters import Telemetry
 from app.telemetry.events import Event
 from app.telemetry.logs import get_logger
+from app.threads import LoopThread
 from workers.consumer_watch import ConsumerProbe
 
 log = get_logger(__name__)
@@ -75,8 +76,15 @@ class Heartbeat:
         self.probe = probe
         self.alerts = alerts
         self.watches: dict[str, StallWatch] = {}
-        self.stopped = threading.Event()
-        self.thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
+        # A beat that Redis failed logs `heartbeat_failed`; one that raised anything else is
+        # logged by the loop (`heartbeat_check_failed`), and the beats go on either way: the
+        # worker must keep beating whatever one check raised.
+        self._loop = LoopThread(
+            self._step,
+            name="heartbeat",
+            every_s=ttl_s / 3,
+            failed_event="heartbeat_check_failed",
+        )
 
     def _depth(self, queue: str) -> int | None:
         try:
@@ -149,7 +157,7 @@ class Heartbeat:
 
     def _exit(self, lines: list[str], *, waited_s: float) -> None:
         """End this process: its consumer's event loop is stuck (see the module)."""
-        self.stopped.set()  # this beat is the last
+        self._loop.stop(timeout_s=0)  # this beat is the last
         pending = self.probe.restarts_pending
         log.error(
             "worker_stuck_exiting",
@@ -186,22 +194,17 @@ class Heartbeat:
             stream.flush()  # os._exit flushes nothing
         os._exit(STUCK_EXIT_CODE)
 
-    def _run(self) -> None:
-        while not self.stopped.is_set():
-            try:
-                self._beat()
-            except redis.RedisError as exc:
-                log.warning("heartbeat_failed", error=str(exc))
-            except Exception:  # the thread must keep beating whatever one check raised
-                log.exception("heartbeat_check_failed")
-            self.stopped.wait(self.ttl_s / 3)
+    def _step(self) -> None:
+        try:
+            self._beat()
+        except redis.RedisError as exc:
+            log.warning("heartbeat_failed", error=str(exc))
 
     def start(self) -> None:
-        self.thread.start()
+        self._loop.start()
 
     def stop(self) -> None:
-        self.stopped.set()
-        self.thread.join(timeout=5)
+        self._loop.stop(timeout_s=5)
         try:
             for line in self.lines:
                 clear_heartbeat(self.client, line=line, hostname=self.hostname)

@@ -14,6 +14,7 @@ from datetime import datetime
 from app.errors import Unavailable
 from app.recovery.sweeper import Sweeper
 from app.telemetry.logs import get_logger
+from app.threads import LoopThread
 
 log = get_logger(__name__)
 
@@ -30,40 +31,30 @@ class Drainer:
         self._sweeper = sweeper
         self._clock = clock
         self._pending: dict[str, None] = {}  # an ordered set of line names
-        self._wake = threading.Condition()
-        self._closed = False
-        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        # Steps only when asked: nothing to do between two asks.
+        self._loop = LoopThread(self._step, name="drain", every_s=None)
 
     def request(self, line: str) -> None:
         """Ask for a pass over `line`'s waiting records, soon."""
-        with self._wake:
-            if self._closed:
-                return
+        if self._loop.stopping:
+            return
+        with self._lock:
             self._pending[line] = None
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="drain", daemon=True)
-                self._thread.start()
-            self._wake.notify()
+        self._loop.start()
+        self._loop.wake()
 
     def close(self) -> None:
-        with self._wake:
-            self._closed = True
-            self._wake.notify()
-            thread = self._thread
-        if thread is not None:
-            thread.join(timeout=CLOSE_TIMEOUT_S)
+        """Stop after the passes under way (at most `CLOSE_TIMEOUT_S`); the lines still
+        waiting are the sweeper's."""
+        self._loop.stop(timeout_s=CLOSE_TIMEOUT_S)
 
-    def _run(self) -> None:
-        while True:
-            with self._wake:
-                while not self._pending and not self._closed:
-                    self._wake.wait()
-                if self._closed:
-                    return
-                lines = list(self._pending)
-                self._pending.clear()
-            for line in lines:
-                self._pass(line)
+    def _step(self) -> None:
+        with self._lock:
+            lines = list(self._pending)
+            self._pending.clear()
+        for line in lines:
+            self._pass(line)
 
     def _pass(self, line: str) -> None:
         try:

@@ -48,6 +48,7 @@ from app.telemetry.incidents import (
 from app.telemetry.logs import get_logger
 from app.telemetry.throttle import Throttle
 from app.telemetry.webhooks import build_request
+from app.threads import LoopThread
 
 log = get_logger(__name__)
 
@@ -141,9 +142,15 @@ class Alerter:
         self._buffer_size = settings.alert_buffer_size
         self._dropped = 0
         self._lock = threading.Lock()
-        self._wake = threading.Condition(self._lock)
-        self._thread: threading.Thread | None = None
-        self._closing = False
+        # The sender: started by the first alert, woken by each queued message, and its
+        # last step (on `close`) writes and sends what is left.
+        self._sender = LoopThread(
+            self._send_step, name="alerts", every_s=FLUSH_INTERVAL_S, final_step=True
+        )
+        # The sender's alone: its webhook client (made for the first message) and the
+        # monotonic time of its next write to Redis.
+        self._client: httpx.Client | None = None
+        self._next_write = 0.0
         self._in_flight = 0
         # Conditions raised and verdicts given, waiting for the sender to write them.
         self._touches: dict[Key, _Touch] = {}
@@ -199,10 +206,8 @@ class Alerter:
             log.exception("alert_settle_failed")
 
     def _start(self) -> None:
-        """Start the sender. Holds the lock."""
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="alerts", daemon=True)
-            self._thread.start()
+        """Start the sender (unless it runs, or is closed). Holds the lock."""
+        self._sender.start()
 
     def _emit(self, alert: AlertEvent) -> None:
         """Log `alert` and queue it for the webhooks. Holds the lock."""
@@ -232,36 +237,37 @@ class Alerter:
             self._buffer.popleft()
             self._dropped += 1
         self._buffer.append(alert)
-        self._wake.notify()
+        self._sender.wake()
 
-    def _run(self) -> None:
+    def _send_step(self) -> float:
+        """The sender's step: write when due, then send the queued messages; returns the
+        seconds until the next write. Closing, it writes at once and sends until nothing
+        is left."""
         # Writes at most once per FLUSH_INTERVAL_S (and while closing), and sends the queued
         # messages in between: a flood of raises costs one write per interval, and never
         # holds back a message.
-        next_write = time.monotonic()
-        with httpx.Client(timeout=WEBHOOK_TIMEOUT_S, follow_redirects=False) as client:
-            while True:
-                with self._lock:
-                    closing = self._closing
-                if closing or time.monotonic() >= next_write:
-                    self._keep_pending()
-                    next_write = time.monotonic() + FLUSH_INTERVAL_S
-                with self._lock:
-                    if not self._buffer:
-                        if self._closing and not (self._touches or self._settles):
-                            return
-                        self._wake.wait(timeout=max(0.0, next_write - time.monotonic()))
+        while True:
+            closing = self._sender.stopping
+            if closing or time.monotonic() >= self._next_write:
+                self._keep_pending()
+                self._next_write = time.monotonic() + FLUSH_INTERVAL_S
+            with self._lock:
+                if not self._buffer:
+                    if closing and (self._touches or self._settles):
                         continue
-                    alert = self._buffer.popleft()
-                    dropped, self._dropped = self._dropped, 0
-                    self._in_flight += 1
-                if dropped:
-                    alert = replace(alert, details={**alert.details, "dropped_alerts": dropped})
-                try:
-                    self._send(client, alert)
-                finally:
-                    with self._lock:
-                        self._in_flight -= 1
+                    return max(0.0, self._next_write - time.monotonic())
+                alert = self._buffer.popleft()
+                dropped, self._dropped = self._dropped, 0
+                self._in_flight += 1
+            if dropped:
+                alert = replace(alert, details={**alert.details, "dropped_alerts": dropped})
+            try:
+                if self._client is None:
+                    self._client = httpx.Client(timeout=WEBHOOK_TIMEOUT_S, follow_redirects=False)
+                self._send(self._client, alert)
+            finally:
+                with self._lock:
+                    self._in_flight -= 1
 
     # The incidents: the sender's thread alone runs these.
 
@@ -431,7 +437,8 @@ class Alerter:
         with self._lock:
             for _key, last, count in self._throttle.drain():
                 self._emit(replace(last, count=count))
-            self._closing = True
-            self._wake.notify()
-        if self._thread is not None:
-            self._thread.join(timeout=timeout_s)
+        if self._sender.stop(timeout_s=timeout_s):
+            with self._lock:
+                client, self._client = self._client, None
+            if client is not None:
+                client.close()

@@ -27,6 +27,7 @@ from app.config.redis import as_text
 from app.errors import BrokerUnavailable
 from app.telemetry import throughput
 from app.telemetry.logs import get_logger
+from app.threads import LoopThread
 
 log = get_logger(__name__)
 
@@ -98,16 +99,20 @@ class Telemetry:
         clock: Callable[[], datetime] = utcnow,
     ) -> None:
         self._client = client
-        self._interval_s = interval_s
         self._clock = clock
         self._counts: Tally[str] = Tally()
         # (bucket key, field) -> amount: the per-minute outcomes not yet in Redis.
         self._minutes: Tally[tuple[str, str]] = Tally()
         self._alerts: deque[str] = deque(maxlen=RECENT_ALERTS)
         self._lock = threading.Lock()
-        self._wake = threading.Condition(self._lock)
-        self._thread: threading.Thread | None = None
-        self._closing = False
+        # Started on first use; its first flush one interval later, its last on `close`.
+        self._loop = LoopThread(
+            self._flush_step,
+            name="telemetry",
+            every_s=interval_s,
+            final_step=True,
+            delay_first=True,
+        )
 
     @property
     def client(self) -> redis.Redis:
@@ -125,19 +130,14 @@ class Telemetry:
             if outcome is not None and line:
                 minute_s = throughput.minute_of(self._clock())
                 self._minutes[throughput.bucket_key(line, minute_s), outcome.value] += amount
-            self._ensure_thread()
+        self._loop.start()
 
     def note_alert(self, alert: dict[str, Any]) -> None:
         """Keep the point event `alert` (id, event, line, time, count, message, details) for
         the console."""
         with self._lock:
             self._alerts.append(json.dumps(alert, default=str))
-            self._ensure_thread()
-
-    def _ensure_thread(self) -> None:
-        if self._thread is None and not self._closing:
-            self._thread = threading.Thread(target=self._run, name="telemetry", daemon=True)
-            self._thread.start()
+        self._loop.start()
 
     def flush(self) -> bool:
         """Send what is pending; True when Redis took it (else it stays pending)."""
@@ -168,26 +168,12 @@ class Telemetry:
             return False
         return True
 
-    def _run(self) -> None:
-        while True:
-            with self._lock:
-                if not self._closing:
-                    self._wake.wait(timeout=self._interval_s)
-                closing = self._closing
-            self.flush()
-            if closing:
-                return
+    def _flush_step(self) -> None:
+        self.flush()
 
     def close(self, *, timeout_s: float = 2.0) -> None:
         """Flush what is pending (once, within `timeout_s`) and stop the thread."""
-        with self._lock:
-            self._closing = True
-            self._wake.notify()
-            thread = self._thread
-        if thread is not None:
-            thread.join(timeout=timeout_s)
-        else:
-            self.flush()
+        self._loop.stop(timeout_s=timeout_s)
 
 
 def read_counters(client: redis.Redis) -> dict[str, int]:

@@ -1,6 +1,8 @@
 """`Recent`: computed at most once per lifetime on a clock the test moves, one computation
-at a time, the others served the value they can have. `LoopThread`: steps at once, when
-woken and when stopped; a step that raises is logged and the loop goes on."""
+at a time, the others served the value they can have. `LoopThread`: steps at once (or
+first when woken), when woken and when stopped; a step that raises is logged, under its
+loop's event, and the loop goes on; a loop that ends itself can be joined and started
+again, and a step may make itself the last."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import threading
 import pytest
 from structlog.testing import capture_logs
 
-from app.bench.procs import wait_until
+from app.local.processes import wait_until
 from app.threads import STOP, LoopThread, Recent
 
 
@@ -180,3 +182,83 @@ def test_stopping_a_loop_never_started_runs_its_final_step_inline() -> None:
     loop = LoopThread(step, name="test-never-started", every_s=1.0, final_step=True)
     assert loop.stop(timeout_s=1.0)
     assert steps == [threading.current_thread().name]
+
+
+def test_a_loop_with_no_interval_steps_only_when_woken_and_its_first_step_may_wait() -> None:
+    steps: list[int] = []
+    stepped = threading.Semaphore(0)
+
+    def step() -> float | None:
+        steps.append(len(steps))
+        stepped.release()
+        return None
+
+    loop = LoopThread(step, name="test-woken", every_s=None, delay_first=True)
+    loop.start()
+    assert steps == []  # its first step waits for a wake-up (there is no interval)
+    loop.wake()
+    assert stepped.acquire(timeout=5.0)
+    loop.wake()
+    assert stepped.acquire(timeout=5.0)
+    assert loop.stop(timeout_s=5.0)
+    assert steps == [0, 1]
+
+
+def test_a_step_that_raises_is_logged_under_the_event_its_loop_names() -> None:
+    calls: list[int] = []
+    second = threading.Event()
+
+    def step() -> float | None:
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("boom")
+        second.set()
+        return None
+
+    loop = LoopThread(step, name="test-named", every_s=0.01, failed_event="renewal_crashed")
+    with capture_logs() as logs:
+        loop.start()
+        assert second.wait(5.0)
+        assert loop.stop(timeout_s=5.0)
+    assert [entry["event"] for entry in logs if entry.get("loop") == "test-named"] == [
+        "renewal_crashed"
+    ]
+
+
+def test_joining_a_loop_waits_for_it_to_end_itself_and_it_may_start_again() -> None:
+    steps: list[str] = []
+    go_on = threading.Event()
+
+    def step() -> float | None:
+        steps.append("step")
+        return 0.001 if go_on.is_set() else STOP
+
+    loop = LoopThread(step, name="test-join", every_s=3600.0)
+    assert loop.join(timeout_s=1.0)  # never started
+    loop.start()
+    assert loop.join(timeout_s=5.0)
+    assert steps == ["step"]
+    assert not loop.stopping
+    go_on.set()
+    loop.start()
+    wait_until(lambda: len(steps) >= 3, timeout_s=5.0, what="steps of the second run")
+    assert not loop.join(timeout_s=0.0)  # it goes on: joining does not stop it
+    go_on.clear()
+    assert loop.join(timeout_s=5.0)
+
+
+def test_a_step_that_stops_its_loop_is_the_last_but_the_final_one() -> None:
+    steps: list[bool] = []
+    ended: list[bool] = []
+
+    def step() -> float | None:
+        steps.append(loop.stopping)
+        if len(steps) == 1:
+            ended.append(loop.stop(timeout_s=5.0))  # from its own thread: no wait
+        return None
+
+    loop = LoopThread(step, name="test-stops-itself", every_s=3600.0, final_step=True)
+    loop.start()
+    wait_until(lambda: not loop.alive and len(steps) == 2, timeout_s=5.0, what="the end")
+    assert loop.stop(timeout_s=5.0)
+    assert (steps, ended) == ([False, True], [False])

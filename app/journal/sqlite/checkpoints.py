@@ -18,6 +18,7 @@ import threading
 import urllib.parse
 
 from app.telemetry.logs import get_logger
+from app.threads import STOP, LoopThread
 
 log = get_logger(__name__)
 
@@ -39,54 +40,72 @@ class Checkpointer:
         self._database = database
         self._lock = threading.Lock()
         self._pid = 0
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._run: _Checkpoints | None = None
 
     def start(self) -> None:
         with self._lock:
             if self._pid == os.getpid():
                 return
+            if self._run is not None and self._pid != 0:
+                # Its parent's, copied by a fork: its connection must not be used here, not
+                # even closed (SQLite's rule; closing would drop this process's locks).
+                _FORKED_AWAY.append(self._run)
             self._pid = os.getpid()
-            self._stop = threading.Event()
-            self._thread = threading.Thread(
-                target=self._run, args=(self._stop,), name="sqlite-checkpoint", daemon=True
-            )
-            self._thread.start()
+            self._run = _Checkpoints(self._database)
+            self._run.loop.start()
 
     def stop(self) -> None:
         """Stop the thread and wait for it to close its connection: the engine's last
         connection to close then checkpoints the WAL into the file, as SQLite's last
         connection does."""
         with self._lock:
-            self._stop.set()
             self._pid = 0
-            thread, self._thread = self._thread, None
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout=STOP_TIMEOUT_S)
+            run, self._run = self._run, None
+        if run is not None:
+            run.loop.stop(timeout_s=STOP_TIMEOUT_S)
 
-    def _run(self, stop: threading.Event) -> None:
-        conn: sqlite3.Connection | None = None
-        failing = False
+
+class _Checkpoints:
+    """One run of the checkpoint thread (a stopped loop never starts again): a passive
+    checkpoint every `CHECKPOINT_EVERY_S` on a connection of its own, which its last step
+    closes."""
+
+    def __init__(self, database: str) -> None:
+        self._database = database
+        self._conn: sqlite3.Connection | None = None
+        self._failing = False
+        self.loop = LoopThread(
+            self._step,
+            name="sqlite-checkpoint",
+            every_s=CHECKPOINT_EVERY_S,
+            final_step=True,
+            delay_first=True,
+        )
+
+    def _step(self) -> float | None:
+        if self.loop.stopping or not os.path.exists(self._database):
+            # Stopped, or the file was removed: nothing left to checkpoint.
+            self._close()
+            return STOP
         try:
-            while not stop.wait(CHECKPOINT_EVERY_S):
-                if not os.path.exists(self._database):
-                    return  # removed: nothing left to checkpoint
-                try:
-                    if conn is None:
-                        # `mode=rw`: never creates the file.
-                        uri = f"file:{urllib.parse.quote(self._database)}?mode=rw"
-                        conn = sqlite3.connect(uri, uri=True, timeout=0, check_same_thread=False)
-                    conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
-                    failing = False
-                except sqlite3.Error as exc:
-                    if not failing:  # once per spell of failures, not twice a second
-                        log.warning(
-                            "sqlite_checkpoint_failed", database=self._database, error=str(exc)
-                        )
-                    failing = True
-                    if conn is not None:
-                        conn.close()
-                        conn = None
-        finally:
-            if conn is not None:
-                conn.close()
+            if self._conn is None:
+                # `mode=rw`: never creates the file.
+                uri = f"file:{urllib.parse.quote(self._database)}?mode=rw"
+                self._conn = sqlite3.connect(uri, uri=True, timeout=0, check_same_thread=False)
+            self._conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+            self._failing = False
+        except sqlite3.Error as exc:
+            if not self._failing:  # once per spell of failures, not twice a second
+                log.warning("sqlite_checkpoint_failed", database=self._database, error=str(exc))
+            self._failing = True
+            self._close()
+        return None
+
+    def _close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()
+
+
+# The runs a forked child inherited from its parent: kept, never used (`Checkpointer.start`).
+_FORKED_AWAY: list[_Checkpoints] = []
