@@ -10,10 +10,9 @@ import time
 import redis
 
 from app.admission.push import build_message
-from app.bench.procs import log_path, wait_until
 from app.bench.reference import NOOP_QUEUE, NOOP_TASK
 from app.bench.stack import POOL, BenchStack
-from app.local.supervisor import Child
+from app.local.processes import Child, log_file, wait_until
 
 # What Celery's worker logs once it consumes (`celery@host ready.`), ours as the references'.
 READY_MARK = " ready."
@@ -26,7 +25,7 @@ PUSH_CHUNK = 1000
 def wait_ready(bench: BenchStack, name: str) -> float:
     """Wait for the ready line in the log of the child `name` (a name used once per run:
     its log is appended to); returns `time.monotonic()` when it was seen."""
-    log = log_path(bench.workdir, name)
+    log = log_file(bench.workdir, name)
     wait_until(
         lambda: log.exists() and READY_MARK in log.read_text(errors="replace"),
         timeout_s=START_TIMEOUT_S,

@@ -32,13 +32,12 @@ from app.bench.celery_drain import start_reference_worker, wait_drained, wait_re
 from app.bench.downstream import STATS_PATH
 from app.bench.end_to_end import post_until_done, signed_orders
 from app.bench.load import Request, run_load
-from app.bench.procs import free_port, listening, wait_until
 from app.bench.reference import DELIVER_QUEUE, DELIVER_TASK, DOWNSTREAM_URL_ENV, make_celery
 from app.bench.stack import BenchStack, order_body
 from app.ids import new_id
 from app.journal.models import RecordStatus
 from app.lines import Line, LineRegistry
-from app.local.supervisor import Child
+from app.local.processes import Child, app_cli, free_port, listening, wait_until
 
 # The downstream's delays: a fast service, and a slow one.
 DELAYS_MS = (20, 100)
@@ -154,7 +153,7 @@ def _downstream_alone(bench: BenchStack, delay_ms: int) -> float:
 def _our_worker(bench: BenchStack, name: str, env: dict[str, str]) -> tuple[Child, float]:
     """The order line's worker with the line's own settings; returns it and when it was
     ready."""
-    child = bench.start_child(name, [sys.executable, "-m", "app.cli", "worker", "order"], **env)
+    child = bench.start_child(name, app_cli("worker", "order"), **env)
     try:
         return child, wait_ready(bench, name)
     except BaseException:

@@ -9,10 +9,11 @@ import uuid
 
 from app.bench.celery_drain import noop_drain
 from app.bench.load import Request, run_load
-from app.bench.procs import RssSampler, wait_until
+from app.bench.procs import RssSampler
 from app.bench.stack import POOL, BenchStack, order_body, signed_request
 from app.journal.models import RecordStatus
 from app.lines import TABLE_SINK_BATCH
+from app.local.processes import wait_until
 
 # The scenario runs again with the order line carrying one record to a queue message (its
 # `batch_size`), beside the default (`TABLE_SINK_BATCH` on the table sink).

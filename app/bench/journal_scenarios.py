@@ -17,12 +17,12 @@ from typing import Any
 from sqlalchemy import Engine, func, insert, select, text
 
 from app.bench.load import LoadResult, Request, merged, run_load
-from app.bench.procs import log_path, wait_until
 from app.bench.stack import BenchStack, load_figures, order_body, signed_request
 from app.config.settings import load_settings
 from app.journal import attempt_log, store
 from app.journal.models import RecordStatus, Source, records
 from app.journal.store import RecordFilter
+from app.local.processes import log_file, wait_until
 from app.recovery.record_actions import RecordActions
 from app.wiring.runtime import Runtime
 
@@ -139,7 +139,7 @@ def polled(bench: BenchStack) -> None:
             wait_until(lambda: process.poll() is not None, timeout_s=180, what="the pollers")
         finally:
             bench.stop_child(pollers)
-    polls = json.loads(log_path(bench.workdir, "pollers").read_text().strip().splitlines()[-1])
+    polls = json.loads(log_file(bench.workdir, "pollers").read_text().strip().splitlines()[-1])
     bench.results["polled"] = {
         "rows": rows,
         "pollers": POLLERS,
@@ -194,8 +194,8 @@ def retention(bench: BenchStack) -> None:
         finally:
             bench.stop_child(purge)
     if process.returncode != 0:
-        raise RuntimeError(f"the purge failed: see {log_path(bench.workdir, 'purge')}")
-    done = json.loads(log_path(bench.workdir, "purge").read_text().strip().splitlines()[-1])
+        raise RuntimeError(f"the purge failed: see {log_file(bench.workdir, 'purge')}")
+    done = json.loads(log_file(bench.workdir, "purge").read_text().strip().splitlines()[-1])
     bench.results["retention"] = {
         "rows": rows,
         "deleted": done["deleted"],

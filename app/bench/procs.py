@@ -1,40 +1,13 @@
-"""Processes of a bench run: started, waited for and measured by PID."""
+"""The processes of a bench run, measured by PID from the kernel's counters (memory, CPU
+time); they are started, waited for and stopped by `app.local.processes`."""
 
 from __future__ import annotations
 
 import os
-import socket
 import threading
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 PAGE_KIB = 4
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def wait_until(predicate: Callable[[], object], *, timeout_s: float, what: str) -> None:
-    """Poll `predicate` until truthy; raise `TimeoutError` naming `what` after `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise TimeoutError(f"timed out after {timeout_s:.0f}s waiting for {what}")
-
-
-def listening(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-            return True
-    except OSError:
-        return False
 
 
 def rss_kib(pid: int) -> int:
@@ -155,7 +128,3 @@ class RssSampler:
             "peak_mib": round(max(self.samples) / 1024, 1),
             "last_mib": round(self.samples[-1] / 1024, 1),
         }
-
-
-def log_path(workdir: Path, name: str) -> Path:
-    return workdir / f"{name.replace(' ', '-')}.log"

@@ -24,7 +24,7 @@ from sqlalchemy import select
 from app.bench import delivery, end_to_end, journal_scenarios
 from app.bench.journal_scenarios import fill_journal
 from app.bench.load import Request, prepare_wrk, run_load, run_prepared_wrk, run_wrk
-from app.bench.procs import RssSampler, wait_until
+from app.bench.procs import RssSampler
 from app.bench.stack import (
     BENCH_BOUND,
     BenchStack,
@@ -37,7 +37,7 @@ from app.clock import as_utc
 from app.config.settings import load_settings
 from app.journal.engine import make_engine
 from app.journal.models import RecordStatus, records
-from app.local.supervisor import Child
+from app.local.processes import Child, wait_until
 from app.recovery.replay import ReplayFilter
 from app.wiring.runtime import Runtime
 
@@ -209,7 +209,7 @@ class Bench(BenchStack):
         status_waiting = self.journal_count(line="status") - self.journal_count(
             line="status", status=RecordStatus.DONE
         )
-        self._stop(order)
+        self.stop_child(order)
         self.results["isolation"] = {
             "alone": alone,
             "busy": busy,
@@ -230,7 +230,7 @@ class Bench(BenchStack):
         """Order latencies while the status line is flooded on an intake of its own
         (`PIPELINE_INTAKE_LINES`), which, with the status worker, runs at the lowest CPU
         priority (`PIPELINE_NICE=19`), as the floor's busy loops do. Stops `status`."""
-        self._stop(status)
+        self.stop_child(status)
         niced = self.worker("status", PIPELINE_NICE="19")
         target = "app.intake.asgi:app_from_env"
         try:
@@ -250,18 +250,19 @@ class Bench(BenchStack):
                 )
                 return self._flooded(url, seconds, tag="split", flood_url=flood_url)
         finally:
-            self._stop(niced)
+            self.stop_child(niced)
 
     def _beside_busy_loops(self, url: str, seconds: float, *, loops: int) -> dict[str, float]:
         """Order latencies beside `loops` busy loops at nice 19 (`BUSY_LOOP`)."""
         busy = [
-            self._start(f"busy-loop-{n}", [sys.executable, "-c", BUSY_LOOP]) for n in range(loops)
+            self.start_child(f"busy-loop-{n}", [sys.executable, "-c", BUSY_LOOP])
+            for n in range(loops)
         ]
         try:
             return self._order_latencies(url, seconds, tag="busy")
         finally:
             for child in busy:
-                self._stop(child)
+                self.stop_child(child)
 
     def _flooded(
         self, url: str, seconds: float, *, tag: str, flood_url: str | None = None

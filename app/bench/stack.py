@@ -19,7 +19,7 @@ import redis
 from sqlalchemy import Engine, delete, func, select, text
 
 from app.bench.load import LoadResult, Request, wrk_path
-from app.bench.procs import CpuMeter, free_port, listening, log_path, parent_of, wait_until
+from app.bench.procs import CpuMeter, parent_of
 from app.config.settings import Settings, load_settings
 from app.intake.signing import sign
 from app.journal.engine import make_engine
@@ -33,7 +33,7 @@ from app.journal.models import (
 )
 from app.journal.schema import upgrade
 from app.local.embedded_redis import RedisServer, answers
-from app.local.supervisor import STOP_TIMEOUT_S, Child
+from app.local.processes import Child, Children, app_cli, free_port, listening, wait_until
 
 # "bench" itself names the records the benchmark writes straight into its journal.
 KEY_ID, SECRET = "bench-client", "bench-secret-of-16-bytes"
@@ -138,7 +138,8 @@ class BenchStack:
         self.quick = quick
         self.workdir = workdir
         self.progress = progress
-        self.children: list[Child] = []
+        # Each started with the run's environment (`env`) and more: given at each start.
+        self.children = Children(env={}, log_dir=workdir)
         self.own_redis: RedisServer | None = None
         self.given_redis = redis_url
         self.redis_url = redis_url or ""
@@ -163,9 +164,7 @@ class BenchStack:
             engine.dispose()
 
     def close(self) -> None:
-        for child in reversed(self.children):
-            child.stop(timeout_s=STOP_TIMEOUT_S)
-        self.children.clear()
+        self.children.stop_all()
         if self.own_redis is not None:
             self.own_redis.stop()
 
@@ -219,23 +218,13 @@ class BenchStack:
             os.environ.clear()
             os.environ.update(saved)
 
-    def _start(self, name: str, argv: list[str], **env: str) -> Child:
-        child = Child(name, argv, log_path=log_path(self.workdir, name))
-        child.start(self.env(**env))
-        self.children.append(child)
-        return child
-
-    def _stop(self, child: Child) -> None:
-        child.stop(timeout_s=STOP_TIMEOUT_S)
-        self.children.remove(child)
-
     def start_child(self, name: str, argv: list[str], **env: str) -> Child:
-        """Start `argv` as `name` (its output in `log_path(workdir, name)`); `stop_child`
-        stops it, and `close()` any still running."""
-        return self._start(name, argv, **env)
+        """Start `argv` as `name` (its output in `log_file(workdir, name)`), with the run's
+        environment and `env`; `stop_child` stops it, and `close()` any still running."""
+        return self.children.start(name, argv, env=self.env(**env))
 
     def stop_child(self, child: Child) -> None:
-        self._stop(child)
+        self.children.stop(child)
 
     def engine(self) -> Engine:
         """A new engine on the run's journal; the caller disposes of it."""
@@ -283,17 +272,17 @@ class BenchStack:
             "warning",
             "--no-access-log",
         ]
-        child = self._start(name, argv, **env)
+        child = self.start_child(name, argv, **env)
         try:
             wait_until(lambda: listening(port), timeout_s=60, what=f"{name} to listen")
             yield f"http://127.0.0.1:{port}", child
         finally:
-            self._stop(child)
+            self.stop_child(child)
 
     def worker(self, line: str, **env: str) -> Child:
         pool, size = POOL
-        argv = [sys.executable, "-m", "app.cli", "worker", line, "--pool", pool]
-        child = self._start(f"worker-{line}", [*argv, "--concurrency", str(size)], **env)
+        argv = app_cli("worker", line, "--pool", pool, "--concurrency", str(size))
+        child = self.start_child(f"worker-{line}", argv, **env)
         with redis.Redis.from_url(self.redis_url) as client:
             wait_until(
                 lambda: any(client.scan_iter(match=f"pipeline:workers:{line}:*")),

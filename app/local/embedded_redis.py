@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO
@@ -18,6 +17,7 @@ import redis
 
 from app.config.redis import is_sentinel, make_redis
 from app.errors import BrokerUnavailable, ConfigError
+from app.local.processes import stop_process, wait_ready
 
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 
@@ -51,12 +51,20 @@ class RedisServer:
     """One server process on `host:port`, keeping nothing on disk, stopped by PID."""
 
     def __init__(
-        self, *, port: int, workdir: Path, host: str = "127.0.0.1", password: str | None = None
+        self,
+        *,
+        port: int,
+        workdir: Path,
+        host: str = "127.0.0.1",
+        password: str | None = None,
+        binary: str | None = None,
     ) -> None:
         self.host = host
         self.port = port
         self.workdir = workdir
         self.password = password
+        # The server binary; None: `server_binary()`.
+        self.binary = binary
         self.process: subprocess.Popen[bytes] | None = None
 
     @classmethod
@@ -90,7 +98,7 @@ class RedisServer:
             log_file = (self.workdir / f"redis-{self.port}.log").open("ab")
         self.process = subprocess.Popen(  # noqa: S603 - fixed argument list
             [
-                server_binary(),
+                self.binary or server_binary(),
                 "--port",
                 str(self.port),
                 "--bind",
@@ -121,26 +129,24 @@ class RedisServer:
             quoted = self.password.replace("\\", "\\\\").replace('"', '\\"')
             self.process.stdin.write(f'requirepass "{quoted}"\n'.encode())
         self.process.stdin.close()
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise BrokerUnavailable(f"redis server exited with {self.process.returncode}")
-            if answers(self.url, timeout_s=0.5):
-                return
-            time.sleep(0.05)
-        self.stop()
-        raise BrokerUnavailable(f"redis server on port {self.port} did not answer in time")
+        try:
+            wait_ready(
+                self.process,
+                lambda: answers(self.url, timeout_s=0.5),
+                timeout_s=timeout_s,
+                what=f"the redis server on port {self.port} to answer",
+                error=BrokerUnavailable,
+                exited=lambda code: f"redis server exited with {code}",
+            )
+        except BrokerUnavailable:
+            self.stop()
+            raise
 
     def stop(self, *, timeout_s: float = 5.0) -> None:
         """Stop the server (SIGTERM, then SIGKILL) and reap it."""
         if self.process is None or self.process.poll() is not None:
             return
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(timeout=timeout_s)
+        stop_process(self.process, timeout_s=timeout_s, killed_timeout_s=timeout_s)
 
     def client(self) -> redis.Redis:
         return make_redis(self.url)

@@ -11,11 +11,10 @@ Every child's output comes back through a pipe, each line after the child's name
 
 Each child runs in its own session (so a terminal's Ctrl-C reaches only us) and is stopped
 by PID: SIGTERM (Celery's warm shutdown re-queues what a worker holds), then SIGKILL to its
-whole process group, so no pool process outlives it."""
+whole process group, so no pool process outlives it (`app.local.processes`)."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import subprocess
@@ -36,10 +35,10 @@ from app.local.embedded_redis import RedisServer, answers
 from app.local.flower import generated_basic_auth
 from app.local.output import SUPERVISOR, Output
 from app.local.ports import check_ports, ports_of
+from app.local.processes import STOP_TIMEOUT_S, Child, Children, app_cli
 from app.local.readiness import http_answers, worker_nodename, workers_answering
 from app.local.shared_redis import foreign_keys, refusal
 
-STOP_TIMEOUT_S = 20.0
 # How long the migrations may take before `pipeline up` gives up.
 MIGRATE_TIMEOUT_S = 300.0
 # How long the components may take to answer before the banner comes anyway, naming them.
@@ -49,63 +48,6 @@ READY_TIMEOUT_S = 180.0
 POLL_INTERVAL_S = 0.2
 # The log file of `pipeline up`, in its working directory: this run's lines, no secrets.
 LOG_NAME = "up.log"
-
-
-@dataclass
-class Child:
-    """A component process."""
-
-    name: str
-    argv: list[str]
-    process: subprocess.Popen[bytes] | None = None
-    # Where its output goes; None: our own stdout and stderr (or `output`, if given).
-    log_path: Path | None = None
-    # Whether SIGTERM was sent: a second would hurry a Celery worker's warm shutdown.
-    signalled: bool = False
-
-    def start(self, env: dict[str, str], *, output: Output | None = None) -> None:
-        """Start it; with `output`, its lines go there after its name."""
-        if output is not None:
-            self.process = subprocess.Popen(  # noqa: S603
-                self.argv,
-                env=env,
-                start_new_session=True,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-            )
-            assert self.process.stdout is not None
-            output.pump(self.name, self.process.stdout)
-            return
-        if self.log_path is None:
-            self.process = subprocess.Popen(self.argv, env=env, start_new_session=True)  # noqa: S603
-            return
-        with self.log_path.open("ab") as log:
-            self.process = subprocess.Popen(  # noqa: S603
-                self.argv, env=env, start_new_session=True, stdout=log, stderr=subprocess.STDOUT
-            )
-
-    def exit_code(self) -> int | None:
-        return None if self.process is None else self.process.poll()
-
-    def ask_to_stop(self) -> None:
-        """SIGTERM, without waiting (`stop` waits, then kills what is left)."""
-        if self.process is not None and self.process.poll() is None and not self.signalled:
-            self.process.terminate()
-            self.signalled = True
-
-    def stop(self, *, timeout_s: float) -> None:
-        process = self.process
-        if process is None:
-            return
-        if process.poll() is None:
-            self.ask_to_stop()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                process.wait(timeout=timeout_s)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(process.pid, signal.SIGKILL)  # anything left in its group
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(timeout=timeout_s)
 
 
 class StartFailed(Exception):
@@ -120,29 +62,30 @@ class Stack:
     workdir: Path
     output: Output
     redis: RedisServer | None = None
-    children: list[Child] = field(default_factory=list)
     stopping: bool = False
     # The children's environment: ours, and what `start` adds.
     base_env: dict[str, str] = field(default_factory=lambda: dict(os.environ))
+    children: Children = field(init=False)
+
+    def __post_init__(self) -> None:
+        # Each child gets `env` as it is when it starts (`start` adds Flower's credentials).
+        self.children = Children(env={}, output=self.output)
 
     def say(self, text: str) -> None:
         self.output.line(SUPERVISOR, text)
 
     def _spawn(self, name: str, *args: str) -> Child:
-        child = Child(name, [sys.executable, "-m", "app.cli", *args])
-        child.start(self.env, output=self.output)
-        self.children.append(child)
-        assert child.process is not None
-        self.say(f"{name} started (pid {child.process.pid})")
+        child = self.children.start(name, app_cli(*args), env=self.env)
+        self.say(f"{name} started (pid {child.pid})")
         return child
 
     def _check_children(self) -> None:
         if self.stopping:
             raise StartFailed("stopped before the stack was up")
-        for child in self.children:
-            code = child.exit_code()
-            if code is not None:
-                raise StartFailed(f"{child.name} exited with {code}")
+        exited = self.children.exited()
+        if exited is not None:
+            child, code = exited
+            raise StartFailed(f"{child.name} exited with {code}")
 
     @property
     def env(self) -> dict[str, str]:
@@ -194,15 +137,14 @@ class Stack:
 
     def _migrate(self) -> None:
         """Run the journal's migrations (`pipeline db upgrade`) to the end."""
-        migrate = Child("migrate", [sys.executable, "-m", "app.cli", "db", "upgrade"])
-        migrate.start(self.env, output=self.output)
-        self.children.append(migrate)  # stopped with the others if it hangs
+        # Stopped with the others if it hangs.
+        migrate = self.children.start("migrate", app_cli("db", "upgrade"), env=self.env)
         assert migrate.process is not None
         try:
             code = migrate.process.wait(timeout=MIGRATE_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             raise StartFailed(f"the migrations took over {MIGRATE_TIMEOUT_S:.0f} s") from None
-        self.children.remove(migrate)
+        self.children.stop(migrate)  # it has exited: forgotten
         if code != 0:
             raise StartFailed(f"the migrations failed (exit {code})")
 
@@ -249,20 +191,17 @@ class Stack:
     def wait(self) -> int:
         """Block until a signal asks us to stop or a child dies; returns the exit code."""
         while not self.stopping:
-            for child in self.children:
-                code = child.exit_code()
-                if code is not None:
-                    self.say(f"{child.name} exited with {code}; stopping")
-                    return 1
+            exited = self.children.exited()
+            if exited is not None:
+                child, code = exited
+                self.say(f"{child.name} exited with {code}; stopping")
+                return 1
             time.sleep(POLL_INTERVAL_S)
         return 0
 
     def stop(self) -> None:
         # All are asked at once, so that their shutdowns overlap.
-        for child in self.children:
-            child.ask_to_stop()
-        for child in reversed(self.children):
-            child.stop(timeout_s=STOP_TIMEOUT_S)
+        self.children.stop_all(timeout_s=STOP_TIMEOUT_S)
         if self.redis is not None:
             self.redis.stop()
 

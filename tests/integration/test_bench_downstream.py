@@ -4,13 +4,13 @@ and the most it held at once."""
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import threading
 
 import httpx
 import pytest
 
+from app.local.processes import Child
 from tests.support.processes import free_port, wait_for
 
 # Long enough that three requests sent at once are all held together, however loaded the
@@ -28,21 +28,14 @@ def _listening(url: str) -> bool:
 @pytest.fixture
 def downstream():
     port = free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "app.bench.downstream", str(port), str(DELAY_MS)],
-        start_new_session=True,
-    )
+    argv = [sys.executable, "-m", "app.bench.downstream", str(port), str(DELAY_MS)]
+    process = Child("downstream", argv).start()
     url = f"http://127.0.0.1:{port}"
     try:
         wait_for(lambda: _listening(url), timeout_s=30, what="the downstream to listen")
         yield url
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=10)
+        process.stop(timeout_s=10)
 
 
 @pytest.mark.timeout(60)

@@ -1,4 +1,4 @@
-"""`python -m app.bench.capacity` at small sizes: each part measures what it says, on a
+"""`python -m tests.capacity` at small sizes: each part measures what it says, on a
 real journal, a real Redis and a real worker delivering to a real HTTP server. Nothing
 here looks at how fast anything was."""
 
@@ -12,14 +12,15 @@ import pytest
 from sqlalchemy import create_engine, inspect, text
 from sqlalchemy.pool import NullPool
 
-from app.bench import capacity
-from app.bench.capacity_intake import measure_intake
-from app.bench.capacity_journal import measure_journal, scratch_database
-from app.bench.capacity_redis import measure_waiting, redis_server
-from app.bench.capacity_worker import WorkerRun, measure_worker
 from app.journal.models import record_attempts, records
 from app.local.embedded_redis import answers
+from tests.capacity import cli as capacity
+from tests.capacity.intake import measure_intake
+from tests.capacity.journal import measure_journal, scratch_database
+from tests.capacity.redis_memory import measure_waiting, redis_server
+from tests.capacity.worker import WorkerRun, measure_worker
 from tests.conftest import PG_ADMIN_URL
+from tests.support.processes import REPO
 
 
 def _quiet(_message: str) -> None:
@@ -114,21 +115,23 @@ def test_a_worker_delivers_every_record_once_to_the_downstream(database_url, red
 
 def test_bad_arguments_get_one_clear_line_and_no_traceback():
     done = subprocess.run(
-        [sys.executable, "-m", "app.bench.capacity", "--records", "0", "--part", "redis"],
+        [sys.executable, "-m", "tests.capacity", "--records", "0", "--part", "redis"],
         capture_output=True,
         text=True,
         timeout=60,
         check=False,
+        cwd=REPO,
     )
     assert done.returncode == 2
     assert "--records: must be at least 1, not 0" in done.stderr
     assert "Traceback" not in done.stderr
     done = subprocess.run(
-        [sys.executable, "-m", "app.bench.capacity", "--part", "disk"],
+        [sys.executable, "-m", "tests.capacity", "--part", "disk"],
         capture_output=True,
         text=True,
         timeout=60,
         check=False,
+        cwd=REPO,
     )
     assert done.returncode == 2
     assert "invalid choice: 'disk'" in done.stderr

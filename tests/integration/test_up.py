@@ -20,6 +20,7 @@ from tests.integration.test_cli import PIPELINE, clean_env
 from tests.support.processes import (
     free_port,
     run_until_exit,
+    start_up,
     stop_up,
     wait_for,
 )
@@ -125,15 +126,7 @@ def running_up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningUp]:
     redis_port, intake_port, flower_port = free_port(), free_port(), free_port()
     env = up_env(redis_port=redis_port, intake_port=intake_port, flower_port=flower_port)
     output_path = cwd / "terminal.txt"
-    with output_path.open("wb") as terminal:
-        process = subprocess.Popen(
-            [PIPELINE, "up"],
-            cwd=cwd,
-            env=env,
-            stdout=terminal,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    process = start_up([PIPELINE, "up"], cwd=cwd, env=env, output_path=output_path)
     up = RunningUp(process, cwd, output_path, intake_port, flower_port, ("", ""))
     try:
 

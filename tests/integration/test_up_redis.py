@@ -4,7 +4,6 @@ that holds another application's keys unless told to share it (`--share-redis`).
 from __future__ import annotations
 
 import re
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from tests.integration.test_up import LINES, START_TIMEOUT_S, up_env
 from tests.support.processes import (
     free_port,
     run_until_exit,
+    start_up,
     stop_up,
     wait_for,
 )
@@ -117,15 +117,7 @@ def test_up_uses_it_when_told_to_share_it_or_given_an_empty_database_and_says_so
     else:
         env["PIPELINE_REDIS_URL"] = f"redis://127.0.0.1:{foreign_redis.port}/1"
     output_path = tmp_path / "terminal.txt"
-    with output_path.open("wb") as terminal:
-        process = subprocess.Popen(
-            argv,
-            cwd=tmp_path,
-            env=env,
-            stdout=terminal,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    process = start_up(argv, cwd=tmp_path, env=env, output_path=output_path)
 
     def output() -> str:
         return output_path.read_text(errors="replace")

@@ -4,18 +4,17 @@ backends, and its statistics (what each backend answered) read from its CSV page
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import io
 import os
 import shutil
-import signal
 import subprocess
 from pathlib import Path
 
 import httpx
 
-from tests.support.processes import KILLED_EXIT_TIMEOUT_S, free_port, wait_for
+from app.local.processes import Child, wait_ready
+from tests.support.processes import free_port
 from tests.support.services import require
 
 # Where Debian installs it; root's PATH has /usr/sbin, a user's may not.
@@ -77,7 +76,9 @@ class LoadBalancer:
             CONFIG.format(port=self.port, stats_port=self.stats_port, servers=servers)
         )
         self.log_path = workdir / "haproxy.log"
-        self.process: subprocess.Popen[bytes] | None = None
+        self.child = Child(
+            "haproxy", [self.binary, "-db", "-f", str(self.config_path)], log_path=self.log_path
+        )
 
     @property
     def url(self) -> str:
@@ -92,20 +93,19 @@ class LoadBalancer:
             timeout=30,
         )
         assert check.returncode == 0, check.stdout.decode() + check.stderr.decode()
-        with self.log_path.open("ab") as log:
-            self.process = subprocess.Popen(
-                [self.binary, "-db", "-f", str(self.config_path)],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        wait_for(self._all_up, timeout_s=timeout_s, what="haproxy to see every intake up")
+        self.child.start()
+        assert self.child.process is not None
+        wait_ready(
+            self.child.process,
+            self._all_up,
+            timeout_s=timeout_s,
+            what="haproxy to see every intake up",
+            error=AssertionError,
+            exited=lambda _code: f"haproxy exited early:\n{self.child.output()}",
+        )
         return self
 
     def _all_up(self) -> bool:
-        assert self.process is not None
-        if self.process.poll() is not None:
-            raise AssertionError(f"haproxy exited early:\n{self.log_path.read_text()}")
         try:
             rows = self.stats()
         except httpx.HTTPError:
@@ -132,14 +132,4 @@ class LoadBalancer:
         }
 
     def stop(self, *, timeout_s: float = 10) -> None:
-        process = self.process
-        if process is None:
-            return
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                process.wait(timeout=timeout_s)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(process.pid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(timeout=KILLED_EXIT_TIMEOUT_S)
+        self.child.stop(timeout_s=timeout_s)

@@ -19,6 +19,7 @@ from app.config.settings import Settings, load_settings
 from app.intake.main import create_app
 from app.intake.signing import sign
 from app.journal.models import Record, RecordStatus, records
+from app.local.processes import Children
 from app.wiring.runtime import Runtime
 from tests.support.processes import Component, free_port, wait_for
 
@@ -64,7 +65,10 @@ class Harness:
         self.env = dict(env)
         self.tmp_path = tmp_path
         self.monkeypatch = monkeypatch
-        self.components: list[Component] = []
+        # What it started, stopped together by `close()`; `components` lists them (a test
+        # may add one it made itself).
+        self.children = Children(env=self.env)
+        self.components = self.children.started
         self.intakes: list[IntakeServer] = []
         self.runtimes: list[Runtime] = []
         self.clients: list[httpx.Client] = []
@@ -97,8 +101,8 @@ class Harness:
         slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", "-".join(args))[:80]
         log_path = self.tmp_path / f"{slug}-{len(self.components)}.log"
         component = Component(list(args), env=self.env, log_path=log_path)
-        self.components.append(component)
-        return component.start()
+        self.children.add(component)
+        return component
 
     def start_worker(
         self,
@@ -177,11 +181,7 @@ class Harness:
     def close(self) -> None:
         # All are asked at once and given one grace period together, then what is left is
         # killed: their shutdowns overlap, and five components cost one grace, not five.
-        for component in reversed(self.components):
-            component.ask_to_stop()
-        deadline = time.monotonic() + TEARDOWN_GRACE_S
-        for component in reversed(self.components):
-            component.stop(timeout_s=max(0.0, deadline - time.monotonic()))
+        self.children.stop_all(timeout_s=TEARDOWN_GRACE_S, shared=True)
         for client in self.clients:
             client.close()
         for server in self.intakes:

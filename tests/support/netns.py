@@ -15,7 +15,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.support.processes import REPO, Component
+from tests.support.processes import Component
 
 # How long one `ip` command may take before the test gives up on it.
 IP_TIMEOUT_S = 10
@@ -147,23 +147,8 @@ class NamespacedComponent(Component):
     ) -> None:
         super().__init__(args, env=env, log_path=log_path)
         self.namespace = namespace
-
-    def python_args(self) -> list[str]:
-        return [sys.executable, "-m", "app.cli", *self.args]
-
-    def start(self) -> Component:
-        self.signalled = False
-        with self.log_path.open("ab") as log:
-            # `ip netns exec` execs the command: the PID stopped later is the command's own.
-            self.process = subprocess.Popen(
-                [_ip_binary(), "netns", "exec", self.namespace, *self.python_args()],
-                env=self.env,
-                cwd=REPO,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        return self
+        # `ip netns exec` execs the command: the PID stopped later is the command's own.
+        self.argv = [_ip_binary(), "netns", "exec", namespace, *self.argv]
 
 
 class Forwarder(Component):
@@ -173,17 +158,9 @@ class Forwarder(Component):
     def __init__(self, mappings: dict[tuple[str, int], tuple[str, int]], *, log_path: Path):
         arguments = [f"{lh}:{lp}={th}:{tp}" for (lh, lp), (th, tp) in mappings.items()]
         super().__init__(arguments, env=dict(os.environ), log_path=log_path)
+        self.argv = [sys.executable, "-m", "tests.support.forward", *arguments]
 
-    def start(self) -> Component:
-        self.signalled = False
-        with self.log_path.open("ab") as log:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "tests.support.forward", *self.args],
-                env=self.env,
-                cwd=REPO,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+    def start(self, env: dict[str, str] | None = None, **_: object) -> Component:
+        super().start(env)
         self.wait_for_output("forwarding", timeout_s=15)
         return self

@@ -1,118 +1,84 @@
-"""Processes the tests start and stop by PID, with bounded waits."""
+"""Processes the tests start and stop by PID, with bounded waits: the product's own helper
+(`app.local.processes`), with a test's way of failing (an `AssertionError`), and the
+helpers that drive `pipeline up` from outside."""
 
 from __future__ import annotations
 
-import contextlib
-import os
 import re
 import signal
-import socket
 import ssl
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+from app.local.processes import (
+    KILLED_EXIT_TIMEOUT_S,
+    Child,
+    app_cli,
+    free_port,
+    group_alive,
+    kill_group,
+    stop_process,
+    wait_until,
+)
+
+__all__ = [
+    "KILLED_EXIT_TIMEOUT_S",
+    "REPO",
+    "STOP_TIMEOUT_S",
+    "TLS_CONTEXT",
+    "Component",
+    "free_port",
+    "group_alive",
+    "run_until_exit",
+    "start_up",
+    "stop_up",
+    "wait_for",
+]
+
 REPO = Path(__file__).resolve().parents[2]
-# How long to wait for a process group to go once SIGKILL was sent to it.
-KILLED_EXIT_TIMEOUT_S = 10
 # How long `run_until_exit` lets a process stop on SIGTERM before it kills its group.
 STOP_TIMEOUT_S = 60
+# How long `stop_up` lets `pipeline up` stop what it started on Ctrl-C.
+UP_STOP_TIMEOUT_S = 60
 # For httpx's one-call functions (httpx.get, httpx.request, ...) in loops, as `verify=`:
 # without it each call builds a TLS context and loads the CA bundle, about 60 ms of CPU,
 # even for plain http:// (a readiness poll every 50 ms took a core). Made once, here.
 TLS_CONTEXT = ssl.create_default_context()
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def wait_for(predicate: Callable[[], object], *, timeout_s: float, what: str) -> None:
     """Poll `predicate` until it is truthy; fail the test after `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+    wait_until(predicate, timeout_s=timeout_s, what=what, error=AssertionError)
 
 
-class Component:
-    """A `python -m app.cli ...` child process with its output in a file."""
+class Component(Child):
+    """A `python -m app.cli ARGS...` child process, run from the checkout with `env`, its
+    output in the file `log_path`; its waits fail the test."""
 
     def __init__(self, args: list[str], *, env: dict[str, str], log_path: Path) -> None:
+        super().__init__(" ".join(args), app_cli(*args), log_path=log_path, cwd=REPO, env=env)
         self.args = args
-        self.env = env
-        self.log_path = log_path
-        self.process: subprocess.Popen[bytes] | None = None
-        self.signalled = False
 
-    def start(self) -> Component:
-        self.signalled = False
-        log = self.log_path.open("ab")
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "app.cli", *self.args],
-            env=self.env,
-            cwd=REPO,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        log.close()
+    def start(self, env: dict[str, str] | None = None, **_: object) -> Component:
+        super().start(env)
         return self
 
-    @property
-    def pid(self) -> int:
-        assert self.process is not None
-        return self.process.pid
-
-    def output(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-
-    def wait_for_output(self, text: str, *, timeout_s: float = 30) -> None:
-        def seen() -> bool:
-            assert self.process is not None
-            if self.process.poll() is not None:
-                raise AssertionError(f"{self.args} exited early:\n{self.output()[-3000:]}")
-            return text in self.output()
-
-        wait_for(seen, timeout_s=timeout_s, what=f"{text!r} from {self.args}")
-
-    def ask_to_stop(self, sig: int = signal.SIGTERM) -> None:
-        """Ask the process to stop, without waiting (see `stop`)."""
-        process = self.process
-        if process is not None and process.poll() is None and not self.signalled:
-            process.send_signal(sig)
-            self.signalled = True
-
-    def stop(self, *, sig: int = signal.SIGTERM, timeout_s: float = 20) -> None:
-        """Signal the process (unless `ask_to_stop` did), wait, then SIGKILL its whole group."""
-        process = self.process
-        if process is None:
-            return
-        if process.poll() is None:
-            self.ask_to_stop(sig)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                process.wait(timeout=timeout_s)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(process.pid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(timeout=KILLED_EXIT_TIMEOUT_S)
+    def wait_for_output(
+        self, text: str, *, timeout_s: float = 30, error: type[Exception] = AssertionError
+    ) -> None:
+        super().wait_for_output(text, timeout_s=timeout_s, error=error)
 
 
-def group_alive(pgid: int) -> bool:
-    """Whether any process is left in the process group `pgid`."""
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+def start_up(
+    argv: list[str], *, cwd: Path, env: dict[str, str], output_path: Path
+) -> subprocess.Popen[bytes]:
+    """Start `argv` (a `pipeline up`) in `cwd`, in a session of its own, what it writes to
+    its terminal in `output_path`; `stop_up` stops it."""
+    up = Child("up", argv, log_path=output_path, cwd=cwd, env=env).start()
+    assert up.process is not None
+    return up.process
 
 
 def stop_up(process: subprocess.Popen[bytes], output: str) -> None:
@@ -123,14 +89,13 @@ def stop_up(process: subprocess.Popen[bytes], output: str) -> None:
     if process.poll() is None:
         process.send_signal(signal.SIGINT)
         try:
-            process.wait(timeout=60)
+            process.wait(timeout=UP_STOP_TIMEOUT_S)
         except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
+            kill_group(process.pid)
             process.wait(timeout=KILLED_EXIT_TIMEOUT_S)
     for pid in pids:
         if group_alive(pid):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pid, signal.SIGKILL)
+            kill_group(pid)
 
 
 def run_until_exit(
@@ -150,12 +115,5 @@ def run_until_exit(
     except subprocess.TimeoutExpired:
         code = None
     finally:
-        if process.poll() is None:
-            process.terminate()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                process.wait(timeout=STOP_TIMEOUT_S)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(process.pid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(timeout=KILLED_EXIT_TIMEOUT_S)
+        stop_process(process, timeout_s=STOP_TIMEOUT_S)
     return code, err_path.read_text(errors="replace")

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import redis
 
+from app.local.processes import Child, stop_process
 from tests.support.processes import free_port, wait_for
 from tests.support.services import require
 
@@ -61,15 +62,11 @@ class SentinelSet:
         return f"sentinel://{hosts}/0?master={MASTER}"
 
     def _start(self, name: str, args: list[str]) -> None:
-        log = (self.workdir / f"{name}.log").open("wb")
-        self.processes[name] = subprocess.Popen(
-            [self.binary, *args],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            cwd=self.workdir,
-            start_new_session=True,
-        )
-        log.close()
+        log_path = self.workdir / f"{name}.log"
+        log_path.unlink(missing_ok=True)  # a restarted one writes its log afresh
+        child = Child(name, [self.binary, *args], log_path=log_path, cwd=self.workdir).start()
+        assert child.process is not None
+        self.processes[name] = child.process
 
     def _server_args(self, port: int) -> list[str]:
         return ["--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
@@ -191,6 +188,5 @@ class SentinelSet:
 
     def stop(self) -> None:
         for process in self.processes.values():
-            if process.poll() is None:
-                process.kill()  # a stopped one too
-                process.wait(timeout=10)
+            # SIGKILL: a stopped one (`lag()`) goes too.
+            stop_process(process, timeout_s=10, sig=signal.SIGKILL)

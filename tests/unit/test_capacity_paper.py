@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.bench import capacity_paper as paper
+from tests.capacity import paper
 
 
 def test_pool_processes_follow_littles_law_rounded_up():

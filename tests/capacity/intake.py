@@ -12,10 +12,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from app.bench.capacity_journal import order_payload
-from app.bench.capacity_worker import cpu_seconds
 from app.bench.load import run_load
+from app.bench.procs import cpu_s
 from app.bench.stack import BenchStack, signed_request
+from tests.capacity.journal import order_payload
 
 # Connections of the load generator, as `pipeline bench` loads the intake.
 CONCURRENCY = 16
@@ -47,7 +47,7 @@ def measure_intake(
             assert child.process is not None
             run_load(url, made.__getitem__, concurrency=CONCURRENCY, duration_s=600, total=warmup)
             progress(f"intake: {requests} signed requests, {CONCURRENCY} connections")
-            before = cpu_seconds(child.process.pid)
+            before = cpu_s(child.process.pid)
             result = run_load(
                 url,
                 lambda n: made[warmup + n],
@@ -55,7 +55,7 @@ def measure_intake(
                 duration_s=600,
                 total=requests,
             )
-            cpu = cpu_seconds(child.process.pid) - before
+            cpu = cpu_s(child.process.pid) - before
     finally:
         stack.close()
     ok = sum(n for status, n in result.statuses.items() if 200 <= status < 300)

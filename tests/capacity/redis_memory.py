@@ -7,8 +7,6 @@ exactly as the intake pushes them; `INFO memory` before and after."""
 from __future__ import annotations
 
 import shutil
-import subprocess
-import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -19,10 +17,10 @@ import redis
 
 from app.admission.ledger import held_key, records_key
 from app.admission.push import Pusher
-from app.bench.procs import free_port
 from app.clock import utcnow
 from app.ids import new_id
-from app.local.embedded_redis import answers, server_binary
+from app.local.embedded_redis import RedisServer
+from app.local.processes import free_port
 
 # Messages pushed per call: the intake's group commit pushes up to this many at once.
 PUSH_GROUP = 256
@@ -32,36 +30,18 @@ START_TIMEOUT_S = 10.0
 
 @contextmanager
 def redis_server(workdir: Path) -> Iterator[tuple[str, str]]:
-    """`(url, "<server> <version>")` of a Redis-compatible server started here, keeping
-    nothing on disk, stopped by its PID when the block ends."""
-    binary = shutil.which("redis-server") or server_binary()
-    port = free_port()
-    log = (workdir / f"capacity-redis-{port}.log").open("ab")
-    process = subprocess.Popen(  # noqa: S603 - a fixed argument list
-        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    log.close()
-    url = f"redis://127.0.0.1:{port}/0"
+    """`(url, "<server> <version>")` of a Redis-compatible server started here (the
+    system's `redis-server` where there is one, else the embedded Valkey), keeping nothing
+    on disk, stopped by its PID when the block ends."""
+    server = RedisServer(port=free_port(), workdir=workdir, binary=shutil.which("redis-server"))
+    server.start(timeout_s=START_TIMEOUT_S)
     try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while not answers(url, timeout_s=0.5):
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"{binary} did not answer on port {port}")
-            time.sleep(0.05)
-        with redis.Redis.from_url(url) as client:
+        with server.client() as client:
             info = client.info("server")
         name = "valkey" if "valkey_version" in info else "redis"
-        yield url, f"{name} {info.get('valkey_version') or info['redis_version']}"
+        yield server.url, f"{name} {info.get('valkey_version') or info['redis_version']}"
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=5)
+        server.stop()
 
 
 def _used_memory(client: redis.Redis) -> int:

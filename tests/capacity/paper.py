@@ -26,7 +26,7 @@ def per_second(records_per_day: float) -> float:
 
 def table_bytes(sizes: dict[str, dict[str, Any]], table: str) -> int:
     """A table's bytes with its indexes (and, on PostgreSQL, its TOAST), from
-    `capacity_journal.relation_sizes`."""
+    `tests.capacity.journal.relation_sizes`."""
     entry = sizes[table]
     if "total_bytes" in entry:
         return int(entry["total_bytes"])
@@ -35,7 +35,7 @@ def table_bytes(sizes: dict[str, dict[str, Any]], table: str) -> int:
 
 def bytes_per(journal: dict[str, Any], stage: str) -> dict[str, float]:
     """Bytes on disk per record (its row and its indexes) and per attempt (the same), from
-    `capacity_journal.measure_journal`'s figures at `stage` (`lived` or `compact`)."""
+    `tests.capacity.journal.measure_journal`'s figures at `stage` (`lived` or `compact`)."""
     sizes = journal[stage]
     return {
         "record": table_bytes(sizes, "records") / journal["records"],

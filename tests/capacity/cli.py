@@ -1,4 +1,4 @@
-"""`python -m app.bench.capacity`: the figures behind docs/capacity.md, measured again.
+"""`python -m tests.capacity`: the figures behind docs/capacity.md, measured again.
 
 Parts (each may run alone, so that none loads the machine for long):
 - `journal`: bytes per record and per attempt, each table and index, on each database
@@ -26,12 +26,12 @@ from typing import Any
 import redis
 from sqlalchemy.exc import SQLAlchemyError
 
-from app.bench import capacity_paper
-from app.bench.capacity_intake import measure_intake
-from app.bench.capacity_journal import measure_journal, scratch_database
-from app.bench.capacity_redis import measure_waiting, redis_server
-from app.bench.capacity_worker import WorkerRun, measure_worker
 from app.errors import PipelineError
+from tests.capacity import paper
+from tests.capacity.intake import measure_intake
+from tests.capacity.journal import measure_journal, scratch_database
+from tests.capacity.redis_memory import measure_waiting, redis_server
+from tests.capacity.worker import WorkerRun, measure_worker
 
 PARTS = ("journal", "redis", "worker", "intake")
 # The worker's runs: (downstream latency in ms, pool processes, share of --worker-records).
@@ -45,7 +45,7 @@ MESSAGE_BATCHES = (1, 16)
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m app.bench.capacity", description=__doc__.split("\n\n")[0]
+        prog="python -m tests.capacity", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument(
         "--database-url",
@@ -85,7 +85,7 @@ def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     databases = args.database_url or ["sqlite"]
     figures: dict[str, Any] = {"measured_at": datetime.now(UTC).isoformat(timespec="seconds")}
     figures["machine"] = {"cpus": os.cpu_count(), "python": platform.python_version()}
-    figures["command"] = "python -m app.bench.capacity " + " ".join(sys.argv[1:])
+    figures["command"] = "python -m tests.capacity " + " ".join(sys.argv[1:])
 
     def progress(message: str) -> None:
         print(f"capacity: {message}", file=sys.stderr, flush=True)
@@ -146,12 +146,12 @@ def _worker_runs(
 
 def with_plan(figures: dict[str, Any]) -> dict[str, Any]:
     """`figures` and, when they hold a PostgreSQL journal and the 0 ms worker run, the
-    plan at `capacity_paper.RECORDS_PER_DAY`."""
+    plan at `paper.RECORDS_PER_DAY`."""
     pg = [j for j in figures.get("journal", []) if j["database"] == "postgresql"]
     idle = [w for w in figures.get("worker", []) if w["latency_ms"] == 0]
     if pg and idle:
         intake = figures.get("intake", {}).get("cpu_ms_per_request")
-        figures["plan"] = capacity_paper.plan(journal=pg[0], worker=idle[0], intake_cpu_ms=intake)
+        figures["plan"] = paper.plan(journal=pg[0], worker=idle[0], intake_cpu_ms=intake)
     return figures
 
 
@@ -188,7 +188,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.save.write_text(text + "\n")
     print(text)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -5,14 +5,13 @@ A real downstream (an HTTP server on loopback that answers 200 after a fixed del
 worker (`pipeline worker order --pool prefork --concurrency C`, the order line's HTTP sink
 pointed at that server), records journaled and pushed by the product's own functions.
 From the rate and the worker's CPU time follow the per-attempt overhead and, by Little's
-law, the pool processes a rate needs (`app.bench.capacity_paper`)."""
+law, the pool processes a rate needs (`tests.capacity.paper`)."""
 
 from __future__ import annotations
 
 import json
 import os
 import socket
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -27,14 +26,14 @@ import redis
 from sqlalchemy import func, select
 
 from app.admission.push import Pusher
-from app.bench.capacity_journal import new_record
-from app.bench.procs import children, log_path, wait_until
+from app.bench.procs import children, cpu_s
 from app.journal import store
 from app.journal.engine import make_engine
 from app.journal.journal import Journal
 from app.journal.models import RecordStatus, records
-from app.local.supervisor import STOP_TIMEOUT_S, Child
+from app.local.processes import STOP_TIMEOUT_S, Child, app_cli, log_file, wait_until
 from app.observe.liveness import PREFIX
+from tests.capacity.journal import new_record
 
 # Records pushed per call, as the intake's group commit pushes them.
 PUSH_GROUP = 256
@@ -112,19 +111,6 @@ def downstream(delay_s: float) -> Iterator[tuple[str, _Downstream]]:
         thread.join(timeout=5)
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of `pid` and its children (0 for a process that is gone)."""
-    total = 0
-    for one in (pid, *children(pid)):
-        try:
-            with open(f"/proc/{one}/stat") as stat:
-                fields = stat.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += int(fields[11]) + int(fields[12])  # utime, stime
-    return total / CLOCK_TICKS
-
-
 def pss_mib(pid: int) -> float:
     """The proportional set size of `pid` in MiB: its private memory plus its share of
     what it shares (a forked pool process shares its parent's pages), 0 if it is gone."""
@@ -177,7 +163,7 @@ def measure_worker(
     journal = Journal(engine)
     client = redis.Redis.from_url(redis_url)
     name = f"worker-{run.latency_ms}ms-c{run.concurrency}"
-    child = Child(name, _argv(run.concurrency), log_path=log_path(workdir, name))
+    child = Child(name, _argv(run.concurrency), log_path=log_file(workdir, name))
     try:
         with downstream(run.latency_ms / 1000) as (url, server):
             child.start(_env(redis_url, database_url, url))
@@ -198,7 +184,7 @@ def measure_worker(
                 what="the warm-up records to be delivered",
             )
             server.keys.clear()
-            before_done, cpu_before = _done(journal), cpu_seconds(pid)
+            before_done, cpu_before = _done(journal), cpu_s(pid)
             progress(
                 f"worker: {run.records} records, downstream {run.latency_ms} ms, "
                 f"{run.concurrency} pool processes"
@@ -211,7 +197,7 @@ def measure_worker(
                 what=f"{run.records} records to be delivered",
             )
             seconds = time.monotonic() - started
-            cpu = cpu_seconds(pid) - cpu_before
+            cpu = cpu_s(pid) - cpu_before
             pool = children(pid)
             parent_mib = pss_mib(pid)
             pool_mib = sum(pss_mib(p) for p in pool) / max(1, len(pool))
@@ -236,18 +222,9 @@ def measure_worker(
 
 
 def _argv(concurrency: int) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "app.cli",
-        "worker",
-        "order",
-        "--pool",
-        "prefork",
-        "--concurrency",
-        str(concurrency),
-        "--quiet",
-    ]
+    return app_cli(
+        "worker", "order", "--pool", "prefork", "--concurrency", str(concurrency), "--quiet"
+    )
 
 
 def _env(redis_url: str, database_url: str, downstream_url: str) -> dict[str, str]:
