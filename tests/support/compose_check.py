@@ -4,6 +4,7 @@ line and `app.config.settings`. Each checker reports problems as strings."""
 
 from __future__ import annotations
 
+import ast
 import importlib
 import re
 import shlex
@@ -262,6 +263,31 @@ def healthcheck_problems(service: Mapping[str, Any], *, lines: set[str]) -> list
         problems.append("healthcheck: CMD passes $VARIABLES unexpanded")
     if argv[:1] in (["pipeline"], ["celery"]):
         problems += [f"healthcheck: {problem}" for problem in command_problems(argv, lines=lines)]
+    if argv[:2] == ["python", "-c"] and len(argv) > 2:
+        problems += [f"healthcheck: python -c: {problem}" for problem in python_problems(argv[2])]
+    return problems
+
+
+def python_problems(code: str) -> list[str]:
+    """What stops `python -c code` before it runs: a syntax error, or an import of ours
+    (`from app… import name`) whose module or name is not there."""
+    try:
+        tree = ast.parse(code)
+    except SyntaxError as exc:
+        return [f"{exc.msg} (line {exc.lineno})"]
+    problems = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            try:
+                module = importlib.import_module(node.module)
+            except ImportError:
+                problems.append(f"no module {node.module}")
+                continue
+            problems += [
+                f"{node.module} has no {alias.name}"
+                for alias in node.names
+                if not hasattr(module, alias.name)
+            ]
     return problems
 
 

@@ -184,6 +184,37 @@ BROKEN_APP = {"build": ".", "healthcheck": {"test": ["CMD", "true"]}}
         pytest.param(
             {
                 **BROKEN_APP,
+                "command": ["pipeline", "beat"],
+                "healthcheck": {"test": ["CMD", "python", "-c", "import os from sys import path"]},
+            },
+            "app: healthcheck: python -c: invalid syntax (line 1)",
+            id="python-syntax-error",
+        ),
+        pytest.param(
+            {
+                **BROKEN_APP,
+                "command": ["pipeline", "beat"],
+                "healthcheck": {
+                    "test": ["CMD", "python", "-c", "from app.redis_client import make_redis"]
+                },
+            },
+            "app: healthcheck: python -c: no module app.redis_client",
+            id="python-module-moved",
+        ),
+        pytest.param(
+            {
+                **BROKEN_APP,
+                "command": ["pipeline", "beat"],
+                "healthcheck": {
+                    "test": ["CMD", "python", "-c", "from app.config.redis import redis_options"]
+                },
+            },
+            "app: healthcheck: python -c: app.config.redis has no redis_options",
+            id="python-name-moved",
+        ),
+        pytest.param(
+            {
+                **BROKEN_APP,
                 "command": ["pipeline", "worker", "refund"],
                 "healthcheck": {
                     "test": [
