@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import pkgutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -78,19 +79,30 @@ def _setting(line: str, name: str) -> str:
     return f"{ENV_PREFIX}LINES__{line.upper()}__{name.upper()}"
 
 
-def _resolve(name: str, settings: LineSettings) -> Line:
+def _import(variable: str, path: str) -> Any:
+    """The object `path` names (`module:attribute` or `module.attribute`), by
+    `pkgutil.resolve_name`. Raises `ConfigError` naming `variable` and the cause."""
     try:
-        schema = pkgutil.resolve_name(settings.payload_schema)
+        return pkgutil.resolve_name(path)
     except (ImportError, AttributeError, ValueError) as exc:
-        raise ConfigError(f"{_setting(name, 'payload_schema')}: cannot import ({exc})") from None
+        cause: BaseException = exc
+        if ":" not in path and isinstance(exc, AttributeError):
+            # The dotted form reports a module that failed to import as a missing attribute
+            # of its package; importing the module itself names the real cause.
+            try:
+                importlib.import_module(path.rpartition(".")[0])
+            except ImportError as import_error:
+                cause = import_error
+        raise ConfigError(f"{variable}: cannot import ({cause})") from None
+
+
+def _resolve(name: str, settings: LineSettings) -> Line:
+    schema = _import(_setting(name, "payload_schema"), settings.payload_schema)
     if not (isinstance(schema, type) and issubclass(schema, BaseModel)):
         raise ConfigError(f"{_setting(name, 'payload_schema')}: not a pydantic model")
     handler = None
     if settings.handler:
-        try:
-            handler = pkgutil.resolve_name(settings.handler)
-        except (ImportError, AttributeError, ValueError) as exc:
-            raise ConfigError(f"{_setting(name, 'handler')}: cannot import ({exc})") from None
+        handler = _import(_setting(name, "handler"), settings.handler)
         if not callable(handler):
             raise ConfigError(f"{_setting(name, 'handler')}: not callable")
     return Line(name=name, settings=settings, schema=schema, handler=handler)

@@ -51,6 +51,9 @@ class LoopThread:
         self._woken = False
         self._stopping = False
         self._thread: threading.Thread | None = None
+        # True from a start until the loop's thread leaves `_run`: read without the lock,
+        # so that `start()` on every use (a counter's every increment) costs one attribute.
+        self._running = False
 
     @property
     def alive(self) -> bool:
@@ -63,9 +66,12 @@ class LoopThread:
 
     def start(self) -> None:
         """Start the loop unless it runs or `stop()` was called."""
+        if self._running:
+            return
         with self._lock:
-            if self._stopping or (self._thread is not None and self._thread.is_alive()):
+            if self._stopping or self._running:
                 return
+            self._running = True
             self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
             self._thread.start()
 
@@ -99,6 +105,13 @@ class LoopThread:
         return not thread.is_alive()
 
     def _run(self) -> None:
+        try:
+            self._loop()
+        finally:
+            with self._lock:
+                self._running = False
+
+    def _loop(self) -> None:
         wait_s = None if self._delay_first else self._run_step()
         while True:
             with self._lock:

@@ -4,8 +4,9 @@ time); they are started, waited for and stopped by `app.local.processes`."""
 from __future__ import annotations
 
 import os
-import threading
 from dataclasses import dataclass, field
+
+from app.threads import LoopThread
 
 PAGE_KIB = 4
 
@@ -95,29 +96,26 @@ class RssSampler:
     include_children: bool = False
     interval_s: float = 0.5
     samples: list[int] = field(default_factory=list)
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _thread: threading.Thread | None = None
+    _loop: LoopThread | None = None
 
     def _sample(self) -> int:
         if not self.include_children:
             return rss_kib(self.pid)
         return max([rss_kib(self.pid), *(rss_kib(c) for c in children(self.pid))])
 
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            value = self._sample()
-            if value:
-                self.samples.append(value)
+    def _step(self) -> None:
+        value = self._sample()
+        if value:
+            self.samples.append(value)
 
     def __enter__(self) -> RssSampler:
-        self._thread = threading.Thread(target=self._run, name="rss", daemon=True)
-        self._thread.start()
+        self._loop = LoopThread(self._step, name="rss", every_s=self.interval_s, delay_first=True)
+        self._loop.start()
         return self
 
     def __exit__(self, *_exc: object) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        if self._loop is not None:
+            self._loop.stop(timeout_s=5)
 
     def summary(self) -> dict[str, float]:
         """First, peak and last sample, in MiB."""

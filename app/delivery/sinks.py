@@ -43,7 +43,7 @@ from app.errors import DeliveryFailed
 from app.journal.attempt_log import MAX_HTTP_ANSWER_LENGTH
 from app.journal.models import Record, order_status, orders, refunds, sink_rows
 from app.journal.store import among
-from app.telemetry.tracing import NO_TRACER, traceparent_of
+from app.telemetry.tracing import NO_TRACER, current_traceparent, traceparent_of
 
 # The table that keeps the newest status per order (not a payload per business number).
 ORDER_STATUS_TABLE = order_status.name
@@ -205,7 +205,7 @@ async def deliver_http(  # noqa: PLR0913 - the line's delivery settings, keyword
         )
     shown = redact_url(url)
     answer = ""
-    with _client_span(tracer, url, headers) as span:
+    with client_span(tracer, url, headers) as span:
         try:
             async with asyncio.timeout(timeout_s):
                 async with session.post(
@@ -268,10 +268,11 @@ def quoted(answer: str) -> str:
 
 
 @contextlib.contextmanager
-def _client_span(tracer: Tracer, url: str, headers: dict[str, str]) -> Iterator[Span]:
+def client_span(tracer: Tracer, url: str, headers: dict[str, str]) -> Iterator[Span]:
     """The request's client span, of `tracer`, when it is made within a span of a trace; its
-    traceparent goes into `headers`. Else a span that records nothing."""
-    if traceparent_of(trace.get_current_span()) is None:
+    traceparent goes into `headers`. Else (and always for the no-op tracer: tracing is off)
+    a span that records nothing, and no header."""
+    if current_traceparent(tracer) is None:
         yield trace.INVALID_SPAN
         return
     parts = urllib.parse.urlsplit(url)

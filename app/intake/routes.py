@@ -10,7 +10,6 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path, Query, Request, Security
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
-from opentelemetry import trace
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
 from sqlalchemy import text
 from starlette.concurrency import run_in_threadpool
@@ -45,7 +44,7 @@ from app.observe.metrics import CONTENT_TYPE, render
 from app.recovery.replay import DEFAULT_STATUSES, ReplayFilter
 from app.telemetry.counters import RECENT_ALERTS, Counter, IntakeOutcome
 from app.telemetry.incidents import history
-from app.telemetry.tracing import traceparent_of
+from app.telemetry.tracing import current_traceparent
 from app.wiring.runtime import Runtime
 
 router = APIRouter()
@@ -323,7 +322,7 @@ async def post_record(request: Request) -> JSONResponse:
         dedup_key=caller.dedup_key,
         body_sha256=digest(body),
         payload=payload,
-        traceparent=traceparent_of(trace.get_current_span()),
+        traceparent=current_traceparent(rt.tracer),
     )
     group: CommitQueue[Admission | Enqueued, Admission | None] = request.app.state.group_accept
     admission = await group.put(Admission(new))  # committed: from here on the answer is 2xx

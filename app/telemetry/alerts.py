@@ -255,6 +255,11 @@ class Alerter:
                 if not self._buffer:
                     if closing and (self._touches or self._settles):
                         continue
+                    if closing:
+                        # The last step: the webhook client goes with it, whenever it ends.
+                        client, self._client = self._client, None
+                        if client is not None:
+                            client.close()
                     return max(0.0, self._next_write - time.monotonic())
                 alert = self._buffer.popleft()
                 dropped, self._dropped = self._dropped, 0
@@ -437,8 +442,4 @@ class Alerter:
         with self._lock:
             for _key, last, count in self._throttle.drain():
                 self._emit(replace(last, count=count))
-        if self._sender.stop(timeout_s=timeout_s):
-            with self._lock:
-                client, self._client = self._client, None
-            if client is not None:
-                client.close()
+        self._sender.stop(timeout_s=timeout_s)

@@ -56,9 +56,20 @@ def trace_id_of(traceparent: str | None) -> str | None:
 def traceparent_of(span: Span) -> str | None:
     """`span`'s context as a W3C traceparent; None when it is in no trace (the current span
     outside any, or a no-op tracer's)."""
+    if not span.get_span_context().is_valid:
+        return None  # the common case when tracing is off: no propagator at all
     carrier: dict[str, str] = {}
     _W3C.inject(carrier, context=trace.set_span_in_context(span))
     return carrier.get("traceparent")
+
+
+def current_traceparent(tracer: Tracer) -> str | None:
+    """The traceparent of the span current in this context, when `tracer` traces; None for
+    the no-op tracer, whatever is current: a span of another instrumentation of the host
+    (its own provider) is not in our trace, and a process not tracing keeps none."""
+    if isinstance(tracer, trace.NoOpTracer):
+        return None
+    return traceparent_of(trace.get_current_span())
 
 
 def parent_context(tracer: Tracer, traceparent: str | None) -> Context | None:

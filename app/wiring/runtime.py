@@ -39,6 +39,7 @@ from app.telemetry.tracing import NO_TRACER, SCOPE, make_tracer_provider
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.trace import Tracer
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,8 +68,10 @@ class Runtime:
     firer: ScheduleFirer
     paused: PausedLines
     pauser: LinePauser
-    # None when tracing is off (`app.telemetry.tracing`); the pieces hold its tracer.
+    # None when tracing is off (`app.telemetry.tracing`); the pieces hold `tracer`, its
+    # tracer or the no-op one.
     tracer_provider: TracerProvider | None
+    tracer: Tracer
 
     @classmethod
     def build(
@@ -167,6 +170,7 @@ class Runtime:
             paused=paused,
             pauser=LinePauser(journal=journal, waiting=pusher.waiting, lines=lines, paused=paused),
             tracer_provider=provider,
+            tracer=tracer,
         )
 
     def close(self) -> None:

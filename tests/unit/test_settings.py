@@ -174,6 +174,15 @@ def test_an_unknown_handler_is_a_config_error_naming_the_variable(monkeypatch, p
         LineRegistry.from_settings(load_settings())
 
 
+@pytest.mark.parametrize(
+    "path", ["tests.support.broken_handler.handle", "tests.support.broken_handler:handle"]
+)
+def test_a_handler_whose_module_fails_to_import_is_reported_with_the_cause(monkeypatch, path):
+    monkeypatch.setenv("PIPELINE_LINES__ORDER__HANDLER", path)
+    with pytest.raises(ConfigError, match="No module named 'not_installed_dependency'"):
+        LineRegistry.from_settings(load_settings())
+
+
 @pytest.mark.parametrize("path", ["app.payloads:StatusPayload", "app.payloads.StatusPayload"])
 def test_a_payload_schema_is_named_with_a_colon_or_a_dot(monkeypatch, path):
     monkeypatch.setenv("PIPELINE_LINES__ORDER__PAYLOAD_SCHEMA", path)

@@ -7,8 +7,10 @@ import pytest
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
+from app.delivery.sinks import client_span
 from app.telemetry.tracing import (
     NO_TRACER,
+    current_traceparent,
     make_tracer_provider,
     parent_context,
     trace_id_of,
@@ -67,3 +69,21 @@ def test_a_process_not_tracing_passes_no_trace_it_received_on():
         "attempt order", context=received, kind=SpanKind.CONSUMER
     ) as span:
         assert traceparent_of(span) is None
+
+
+def test_a_process_not_tracing_keeps_and_sends_no_trace_of_another_instrumentation():
+    """Another OpenTelemetry instrumentation of the host (its own provider, its span current)
+    is not ours: with tracing off, a record stores no traceparent and a sink call sends none."""
+    from opentelemetry.sdk.trace import TracerProvider  # noqa: PLC0415 - the otel extra
+
+    foreign = TracerProvider().get_tracer("someone-else")
+    with foreign.start_as_current_span("their request"):
+        assert traceparent_of(trace.get_current_span()) is not None  # theirs is there
+        assert current_traceparent(NO_TRACER) is None
+        headers: dict[str, str] = {}
+        with client_span(NO_TRACER, "http://127.0.0.1:9/x", headers) as span:
+            assert not span.is_recording()
+        assert headers == {}
+    ours = TracerProvider().get_tracer("ours")
+    with ours.start_as_current_span("our request") as span:
+        assert current_traceparent(ours) == traceparent_of(span)

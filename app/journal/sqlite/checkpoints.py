@@ -59,10 +59,17 @@ class Checkpointer:
         connection to close then checkpoints the WAL into the file, as SQLite's last
         connection does."""
         with self._lock:
+            forked = self._pid not in (0, os.getpid())
             self._pid = 0
             run, self._run = self._run, None
-        if run is not None:
-            run.loop.stop(timeout_s=STOP_TIMEOUT_S)
+        if run is None:
+            return
+        if forked:
+            # Its parent's, copied by a fork, never started here: not ours to stop (its
+            # loop's lock may have been held at the fork), and its connection not ours to close.
+            _FORKED_AWAY.append(run)
+            return
+        run.loop.stop(timeout_s=STOP_TIMEOUT_S)
 
 
 class _Checkpoints:
