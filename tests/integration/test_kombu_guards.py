@@ -19,9 +19,9 @@ import redis
 from kombu import Connection, Producer, Queue
 from kombu.asynchronous import Hub
 
-from app import redis_client
 from app.admission.ledger import UNACKED_KEY
 from app.admission.push import Pusher
+from app.config import redis as redis_client
 from app.local.embedded_redis import RedisServer
 from tests.support.kombu_shipped import kombu_redis_as_shipped
 from tests.support.processes import free_port
