@@ -1,7 +1,8 @@
 """Pausing a line: the operator's action, and what every process does with it.
 
-A pause is a row in the journal (`app.journal.pauses`), written with its audit row in one
-transaction (`LinePauser`). Each process reads the pauses at most once a
+A pause is a row in the journal (`line_pauses`, read and written here alone), written with
+its audit row in one transaction (`LinePauser`): the journal is where a pause lives, so it
+outlasts a restart of any component and of Redis. Each process reads the pauses at most once a
 `PAUSES_LIFETIME_S` (`PausedLines`): the intake defers a paused line's new records, the
 sweeper pushes nothing of it, and a worker claims nothing more of it, also inside a
 message already running (`hold_back`), so all of them see a pause (or a resume) within
@@ -18,14 +19,15 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection
+from sqlalchemy import Connection, delete, select
+from sqlalchemy.dialects import postgresql, sqlite
 
 from app.admission.waiting import Waiting
 from app.errors import BrokerUnavailable, JournalUnavailable
-from app.journal import audit, pauses, store
+from app.journal import audit, store
 from app.journal.audit import Action
 from app.journal.journal import Journal
-from app.journal.pauses import LinePause
+from app.journal.models import line_pauses
 from app.journal.transitions import Event
 from app.lines import LineRegistry
 from app.telemetry.logs import get_logger
@@ -37,6 +39,65 @@ log = get_logger(__name__)
 # this (the contract promises 2 s; a read of a one-row-per-paused-line table a second per
 # process costs nothing).
 PAUSES_LIFETIME_S = 1.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class LinePause:
+    """A paused line: since when, by whom, why."""
+
+    line: str
+    paused_at: datetime
+    actor: str
+    reason: str | None
+
+    def public(self) -> dict[str, Any]:
+        """As the API answers it (time in ISO 8601 UTC)."""
+        return {"since": self.paused_at.isoformat(), "by": self.actor, "reason": self.reason}
+
+
+def _from_row(row: Any) -> LinePause:
+    return LinePause(line=row.line, paused_at=row.paused_at, actor=row.actor, reason=row.reason)
+
+
+def _insert_pause(
+    conn: Connection, line: str, *, actor: str, reason: str | None, now: datetime
+) -> tuple[LinePause, bool]:
+    """Pause `line` unless it is paused. Returns its pause and whether this call made it
+    (a line paused already keeps its first pause: time, actor and reason)."""
+    dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
+    statement = (
+        dialect.insert(line_pauses)
+        .values(line=line, paused_at=now, actor=actor, reason=reason)
+        .on_conflict_do_nothing(index_elements=[line_pauses.c.line])
+        .returning(line_pauses.c.line)
+    )
+    # Twice at most: a pause that another transaction ends between the two statements
+    # leaves nothing to read, and the second insert then makes ours.
+    for _ in range(2):
+        made = conn.execute(statement).first() is not None
+        found = _read_pause(conn, line)
+        if found is not None:
+            return found, made
+    raise JournalUnavailable(f"pausing {line!r} raced with resumes of it twice")
+
+
+def _delete_pause(conn: Connection, line: str) -> LinePause | None:
+    """Resume `line`. Returns the pause it ended; None when it was not paused."""
+    found = conn.execute(
+        delete(line_pauses).where(line_pauses.c.line == line).returning(*line_pauses.c)
+    ).first()
+    return None if found is None else _from_row(found)
+
+
+def _read_pause(conn: Connection, line: str) -> LinePause | None:
+    """`line`'s pause; None when it is not paused."""
+    row = conn.execute(select(line_pauses).where(line_pauses.c.line == line)).first()
+    return None if row is None else _from_row(row)
+
+
+def _read_pauses(conn: Connection) -> dict[str, LinePause]:
+    """Every paused line's pause, by line."""
+    return {row.line: _from_row(row) for row in conn.execute(select(line_pauses))}
 
 
 class PausedLines:
@@ -72,7 +133,7 @@ class PausedLines:
     def _read(self) -> dict[str, LinePause]:
         try:
             with self._journal.reading("reading the paused lines") as conn:
-                found = pauses.paused(conn)
+                found = _read_pauses(conn)
         except JournalUnavailable as exc:
             log.warning("paused_lines_unread", error=str(exc), kept=sorted(self._last))
             return self._last
@@ -123,7 +184,7 @@ class LinePauser:
         audited). Raises `UnknownLine`, `JournalUnavailable`."""
         line = self.lines.get(line_name)
         with self.journal.transaction(f"pausing {line.name!r}") as conn:
-            pause, made = pauses.pause(conn, line.name, actor=actor, reason=reason, now=now)
+            pause, made = _insert_pause(conn, line.name, actor=actor, reason=reason, now=now)
             audit.write(
                 conn,
                 actor=actor,
@@ -150,7 +211,7 @@ class LinePauser:
         except BrokerUnavailable as exc:
             log.warning("resume_not_kept_behind", line=line.name, error=str(exc))
         with self.journal.transaction(f"resuming {line.name!r}") as conn:
-            ended = pauses.resume(conn, line.name)
+            ended = _delete_pause(conn, line.name)
             audit.write(
                 conn,
                 actor=actor,

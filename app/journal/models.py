@@ -242,7 +242,7 @@ record_attempts = Table(
 )
 
 
-# The lines paused by an operator: a row while the line is paused (`app.journal.pauses`).
+# The lines paused by an operator: a row while the line is paused (`app.admission.pause`).
 line_pauses = Table(
     "line_pauses",
     metadata,

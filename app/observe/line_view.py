@@ -14,11 +14,11 @@ from typing import Protocol
 
 import redis
 
+from app.admission.pause import LinePause
 from app.delivery.circuit import CircuitState
 from app.errors import BrokerUnavailable
 from app.journal import store
 from app.journal.journal import Journal
-from app.journal.pauses import LinePause
 from app.lines import LineRegistry
 from app.observe.liveness import worker_beats
 from app.threads import Recent

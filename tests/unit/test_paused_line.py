@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from app.journal.pauses import LinePause
+from app.admission.pause import LinePause
 from app.observe.line_view import LineStatus
 from app.observe.monitor import check_line
 
