@@ -32,54 +32,161 @@ class LineSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    max_queue_length: int = Field(default=10_000, ge=1)
-    # Records per queue message, for records pushed together (concurrent requests, a
-    # sweep, a replay page). The bound counts messages. Unset: `Line.batch_size` decides.
-    batch_size: int | None = Field(default=None, ge=1, le=1000)
-    overflow: Overflow = Overflow.DEFER
-    # Requests per second each intake process admits for the line; over it, a request
-    # waits its turn (app.intake.pacing). Unset: no limit but the intake's own.
-    intake_rate: float | None = Field(default=None, gt=0, le=1_000_000)
-    concurrency: int = Field(default=4, ge=1, le=256)
-    max_attempts: int = Field(default=8, ge=1)
-    backoff_initial_s: float = Field(default=2.0, gt=0)
-    backoff_max_s: float = Field(default=600.0, gt=0)
-    downstream_url: str | None = Field(default=None, pattern=r"^https?://\S+$")
-    # The HTTP sink's answers that count as delivered; any other is a failed attempt. Not
-    # 409 by default: some downstreams answer it for a key whose first request they are
+    max_queue_length: int = Field(
+        default=10_000,
+        ge=1,
+        description="records in the line's Redis queue (named after the line), waiting or held "
+        "by a worker until it acks, however many messages carry them; never exceeded",
+    )
+    # Only records pushed together share a message (concurrent requests, a sweep, a replay
+    # page). Unset: `Line.batch_size` decides.
+    batch_size: int | None = Field(
+        default=None,
+        ge=1,
+        le=1000,
+        description="records a queue message may carry (see [Batches](operating.md#batches))",
+        json_schema_extra={
+            "unset": "`16` with the built-in table sink, `32` with the HTTP sink "
+            "(`DELIVERIES_IN_FLIGHT` if fewer), else `1`"
+        },
+    )
+    overflow: Overflow = Field(
+        default=Overflow.DEFER,
+        description="when full: `defer` (journal keeps it, the sweeper drains it), "
+        "`caller_runs`, `reject` (429) (see [Overload](operating.md#overload))",
+    )
+    # Unset: no limit but the intake's own (app.intake.pacing).
+    intake_rate: float | None = Field(
+        default=None,
+        gt=0,
+        le=1_000_000,
+        description="requests/s each intake process admits for the line; over it a request "
+        "waits its turn (see [Overload](operating.md#overload))",
+    )
+    concurrency: int = Field(
+        default=4,
+        ge=1,
+        le=256,
+        description="worker pool size (prefork processes); an HTTP-sink line's worker is one "
+        "process that keeps `DELIVERIES_IN_FLIGHT` deliveries in flight instead (see "
+        "[The delivery path](operating.md#the-delivery-path))",
+    )
+    max_attempts: int = Field(
+        default=8, ge=1, description="tries in all; then the record is `dead`"
+    )
+    backoff_initial_s: float = Field(
+        default=2.0,
+        gt=0,
+        description="full-jitter exponential backoff between attempts: its first step",
+    )
+    backoff_max_s: float = Field(
+        default=600.0,
+        gt=0,
+        description="full-jitter exponential backoff between attempts: its longest step",
+    )
+    downstream_url: str | None = Field(
+        default=None,
+        pattern=r"^https?://\S+$",
+        description="set: POST `{id, line, business_no, payload}` there with "
+        "`Idempotency-Key: <id>` and `X-Attempt: <attempt number>`; an answer in "
+        "`DELIVERED_STATUSES` is delivered, any other (or none in time) is a failed attempt",
+    )
+    # Not 409 by default: some downstreams answer it for a key whose first request they are
     # still processing, and that processing may still fail.
-    delivered_statuses: str = SUCCESS_CLASS
-    # `whsec_<base64 key>`: the HTTP sink signs each delivery as Standard Webhooks do
-    # (`webhook-id`, `webhook-timestamp`, `webhook-signature`), so a downstream can check it
-    # with any Standard Webhooks library. Unset: deliveries are not signed.
-    signing_secret: SecretStr | None = None
-    # A delivery's one deadline, from connect to the answer's last byte: a downstream that
-    # has not answered whole within it is a failed attempt, retried later.
-    delivery_timeout_s: float = Field(default=10.0, gt=0, le=600)
-    # Deliveries one worker process keeps in flight (HTTP sink), on one event loop: the
-    # records of its messages go out concurrently, each with its own lease, attempt and
-    # outcome; waiting on the downstream costs no thread.
-    deliveries_in_flight: int = Field(default=128, ge=1, le=1024)
-    # Across every worker on every host: deliveries per second (a token bucket in Redis)
-    # and deliveries in flight. Unset: no limit.
-    delivery_rate: float | None = Field(default=None, gt=0, le=1_000_000)
-    delivery_concurrency: int | None = Field(default=None, ge=1, le=100_000)
-    # The circuit breaker: when at least `circuit_min_attempts` deliveries ended within
-    # the last `circuit_window_s` and most of them failed (5xx or 429, a timeout, no
-    # connection), the line stops spending attempts: one probe every
-    # `circuit_probe_interval_s`, the others wait; a probe that succeeds closes it.
-    circuit_window_s: float = Field(default=30.0, ge=1, le=3600)
-    circuit_min_attempts: int = Field(default=10, ge=1)
-    circuit_probe_interval_s: float = Field(default=5.0, gt=0, le=3600)
-    # Replay asks it whether downstream has a record, named by `{id}` (the Idempotency-Key
-    # the HTTP sink sends): 200 yes, 404 no. Not by business number alone: a second record
-    # of one business number is not the first.
-    check_url: str | None = Field(default=None, pattern=r"^https?://\S+$")
-    handler: str | None = None
-    # `http`, `handler` or `table:<name>`. Unset: the handler when one is set, else the HTTP
-    # sink when `downstream_url` is set, else the table sink into `sink_rows`.
-    sink: str | None = None
-    payload_schema: str = "app.payloads:Payload"
+    delivered_statuses: str = Field(
+        default=SUCCESS_CLASS,
+        description="comma-separated `2xx` and/or exact codes of 200-499, e.g. `2xx,409`. 409 "
+        "is not delivered by default: some downstreams answer it for a key whose first "
+        "request they are still processing, which may yet fail; add it only where 409 means "
+        '"already have it"',
+    )
+    # Standard Webhooks' scheme, so that a downstream can check a delivery with any Standard
+    # Webhooks library. Unset: deliveries are not signed.
+    signing_secret: SecretStr | None = Field(
+        default=None,
+        description="`whsec_` and the base64 of a key of at least 24 bytes: the HTTP sink "
+        "signs each delivery as Standard Webhooks do, over the exact bytes sent: `webhook-id` "
+        "(the record id, as `Idempotency-Key`), `webhook-timestamp` (the attempt's time) and "
+        "`webhook-signature: v1,<base64>`; only on a line with the HTTP sink; never logged",
+    )
+    delivery_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        le=600,
+        description="a delivery's one deadline, from connect to the answer's last byte (for a "
+        "handler, to its return): past it the attempt fails, however the downstream trickles; "
+        "settings that would let a delivery outlive its lease are refused at start",
+    )
+    # The records of a worker's messages go out concurrently, each with its own lease,
+    # attempt and outcome.
+    deliveries_in_flight: int = Field(
+        default=128,
+        ge=1,
+        le=1024,
+        description="HTTP sink: deliveries one worker process keeps in flight, on one event "
+        "loop (waiting on the downstream costs no thread)",
+    )
+    # Unset, this and `delivery_concurrency` below limit nothing.
+    delivery_rate: float | None = Field(
+        default=None,
+        gt=0,
+        le=1_000_000,
+        description="HTTP sink: deliveries per second to the downstream, across every worker "
+        "on every host (a token bucket in Redis)",
+    )
+    delivery_concurrency: int | None = Field(
+        default=None,
+        ge=1,
+        le=100_000,
+        description="HTTP sink: deliveries in flight to the downstream, across every worker on "
+        "every host",
+    )
+    # The circuit breaker. A failed delivery is a 5xx or 429, a timeout or no connection; a
+    # probe that succeeds closes the circuit.
+    circuit_window_s: float = Field(
+        default=30.0,
+        ge=1,
+        le=3600,
+        description="HTTP sink: when at least `CIRCUIT_MIN_ATTEMPTS` deliveries ended in the "
+        "last `CIRCUIT_WINDOW_S` seconds and most failed, the line's circuit opens: one probe "
+        "every `CIRCUIT_PROBE_INTERVAL_S`, no attempt spent meanwhile",
+    )
+    circuit_min_attempts: int = Field(
+        default=10,
+        ge=1,
+        description="HTTP sink: the deliveries that must have ended within `CIRCUIT_WINDOW_S` "
+        "before the circuit may open",
+    )
+    circuit_probe_interval_s: float = Field(
+        default=5.0,
+        gt=0,
+        le=3600,
+        description="HTTP sink: while the circuit is open, one probe goes every this many seconds",
+    )
+    # By the record's id, not by business number alone: a second record of one business
+    # number is not the first.
+    check_url: str | None = Field(
+        default=None,
+        pattern=r"^https?://\S+$",
+        description="e.g. `http://host/records/{id}`: replay asks it whether downstream has a "
+        "record (200 yes, 404 no), by the record's id (the `Idempotency-Key` the HTTP sink "
+        "sends); it must hold `{id}`, and may hold `{business_no}` as well",
+    )
+    handler: str | None = Field(
+        default=None,
+        description="dotted path of a callable `(record) -> None`, idempotent",
+    )
+    sink: str | None = Field(
+        default=None,
+        description="where the line's records go: `http` (POST to `DOWNSTREAM_URL`), "
+        "`handler` (call `HANDLER`), or `table:<name>` (upsert into a table of the journal's "
+        "database: `orders`, `refunds`, `order_status` or `sink_rows`)",
+        json_schema_extra={"unset": "see below"},
+    )
+    payload_schema: str = Field(
+        default="app.payloads:Payload",
+        description="dotted path of a pydantic model the body must match",
+    )
 
     @field_validator("check_url")
     @classmethod

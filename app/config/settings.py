@@ -107,99 +107,292 @@ class Settings(BaseSettings):
         hide_input_in_errors=True,
     )
 
-    redis_url: Annotated[str, AfterValidator(check_redis_url)] = "redis://127.0.0.1:6379/0"
-    database_url: Annotated[str, AfterValidator(check_database_url)] = "sqlite:///./pipeline.db"
-    intake_host: str = "127.0.0.1"
-    intake_port: int = Field(default=8000, ge=0, le=65535)
-    intake_workers: int = Field(default=1, ge=1, le=64)
-    # The lines whose records this intake takes (comma-separated); another line's POST is
-    # answered 421 `line_not_served_here`. Unset: every line. An intake per group of lines
-    # keeps a flood of one line off the CPU of another's.
-    intake_lines: list[str] | None = None
-    # Every pipeline process started with this (intake, worker, beat) lowers its CPU
-    # priority to it (0-19, as `nice`): a bulk line's intake and worker give way to the
-    # others' when the CPUs are busy.
-    nice: int = Field(default=0, ge=0, le=19)
-    # Key id -> a secret (the pipeline's own scheme) or {"kind", "secret"} (`IntakeKey`).
-    intake_keys: dict[str, IntakeKey] = Field(default_factory=dict)
-    # Without intake keys the intake refuses to start unless this is set: then it takes
-    # unsigned requests from this machine only (`in_dev_mode`).
-    dev_mode: bool = False
-    # The admin token of the actor `admin`; more, named ones (name -> token) beside it.
-    admin_token: SecretStr | None = None
-    admin_tokens: dict[str, SecretStr] = Field(default_factory=dict)
-    max_body_bytes: int = Field(default=DEFAULT_MAX_BODY_BYTES, ge=1024)
-    # A request waits this long at most for the journal to take its record, then gets 503
-    # (nothing of it is kept: its write is rolled back).
-    journal_timeout_seconds: float = Field(default=5, gt=0)
-    # A committed record's answer waits this long at most for its push onto the queue; past
-    # it the answer is 202 `received`, whatever Redis does, and the sweeper pushes it.
-    intake_push_wait_seconds: float = Field(default=2.0, gt=0)
-    # Resource limits of each intake process: requests in flight beyond this get 503; a
-    # body must arrive within the timeout (408); an idle keep-alive connection is closed.
-    intake_max_concurrent_requests: int = Field(default=256, ge=1)
-    intake_body_timeout_seconds: float = Field(default=10, gt=0)
-    intake_keep_alive_seconds: int = Field(default=5, ge=1)
-    intake_max_header_bytes: int = Field(default=16 * 1024, ge=1024)
-    # A connection whose request line and headers have not all arrived this long after it
-    # opened (on a kept-alive connection: after the next request's first byte) is closed.
-    intake_header_timeout_seconds: float = Field(default=10, gt=0)
-    timestamp_window_seconds: int = Field(default=300, ge=1)
-    alert_webhooks: list[WebhookSettings] = Field(default_factory=list)
-    alert_window_seconds: float = Field(default=60, gt=0)
-    # Alerts waiting to be sent; when full the oldest is dropped (and counted), never the caller.
-    alert_buffer_size: int = Field(default=1000, ge=1)
-    # A line whose oldest unfinished record is older than this raises BACKLOG.
-    backlog_after_seconds: float = Field(default=300, gt=0)
-    monitor_interval_seconds: float = Field(default=15, gt=0)
-    # A worker's heartbeat key lives this long; it is refreshed at a third of it.
-    worker_heartbeat_ttl_seconds: float = Field(default=15, ge=1)
-    # A worker with a free pool slot whose line's queue has had work this long, and whose
-    # consumer took none of it, is stalled: it raises WORKER_STALLED, counts as not live and
-    # restarts its consumer. Checked at each heartbeat (a third of the TTL).
-    worker_stall_after_seconds: float = Field(default=30, gt=0)
-    visibility_timeout_seconds: int = Field(default=120, ge=1)
-    beat_lock_ttl_seconds: int = Field(default=10, ge=1)
-    sweep_interval_seconds: float = Field(default=2.0, gt=0)
+    redis_url: Annotated[str, AfterValidator(check_redis_url)] = Field(
+        default="redis://127.0.0.1:6379/0",
+        description="broker; password and db in the URL; "
+        "`sentinel://h1:26379,h2:26379/0?master=NAME` for Redis behind Sentinel (see "
+        "[Scaling](operating.md#scaling))",
+    )
+    database_url: Annotated[str, AfterValidator(check_database_url)] = Field(
+        default="sqlite:///./pipeline.db",
+        description="the journal; `postgresql+psycopg://…` in production; a SQLite journal "
+        "must be a file that can use WAL (an in-memory `sqlite://` is refused at start)",
+    )
+    intake_host: str = Field(
+        default="127.0.0.1", description="where the intake listens: its address"
+    )
+    intake_port: int = Field(
+        default=8000, ge=0, le=65535, description="where the intake listens: its port"
+    )
+    intake_workers: int = Field(default=1, ge=1, le=64, description="intake server processes")
+    # An intake per group of lines keeps a flood of one line off the CPU of another's.
+    intake_lines: list[str] | None = Field(
+        default=None,
+        description="comma-separated lines whose records this intake takes; another line's "
+        '`POST` is 421 `line_not_served_here` (see "A flood on one line" in '
+        "[Scaling](operating.md#scaling))",
+        json_schema_extra={"unset": "all"},
+    )
+    nice: int = Field(
+        default=0,
+        ge=0,
+        le=19,
+        description="an intake, worker or beat started with it lowers its CPU priority to this "
+        "(0 to 19, as `nice`): a bulk line's processes give way to the others' on busy CPUs",
+    )
+    intake_keys: dict[str, IntakeKey] = Field(
+        default_factory=dict,
+        description='JSON object `{"key id": "secret"}`; a key id has no `:` and is not '
+        "`schedule`, `dev`, `bench` or `replay`; a secret has at least 16 bytes. A Standard "
+        'Webhooks source: `{"key id": {"kind": "standard-webhooks", "secret": "whsec_…"}}`, '
+        "a key of at least 24 bytes, no two such sources with one key (see "
+        "[Standard Webhooks sources](http-api.md#standard-webhooks-sources))",
+        json_schema_extra={"unset": "none (the intake then needs `PIPELINE_DEV_MODE`)"},
+    )
+    dev_mode: bool = Field(
+        default=False,
+        description="without intake keys the intake starts only with this set: unsigned "
+        "requests, this machine only; `pipeline up` sets it when no keys are set",
+    )
+    admin_token: SecretStr | None = Field(
+        default=None,
+        description="the admin token (at least 16 bytes) of the actor `admin`; without it or "
+        "`PIPELINE_ADMIN_TOKENS` the admin endpoints are closed, except in dev mode",
+    )
+    admin_tokens: dict[str, SecretStr] = Field(
+        default_factory=dict,
+        description='JSON object `{"name": "token"}`: named admin tokens (at least 16 bytes '
+        "each, no two alike); the name is the actor in the audit log: letters, digits and "
+        "`._@-`, not `dev`, and not `admin` beside `PIPELINE_ADMIN_TOKEN`",
+    )
+    max_body_bytes: int = Field(
+        default=DEFAULT_MAX_BODY_BYTES,
+        ge=1024,
+        description="larger bodies get 413, on every endpoint",
+    )
+    journal_timeout_seconds: float = Field(
+        default=5,
+        gt=0,
+        description="a request waits this long for the journal to take its record; past it "
+        "the write is given up and rolled back, and the answer is 503 `journal_unavailable`: "
+        "nothing was kept. Only a write already committing is waited for (as long again): if "
+        "that gives no outcome, the answer is 503 `journal_in_doubt` (send the same request "
+        "again, with its nonce: it is stored once)",
+    )
+    intake_push_wait_seconds: float = Field(
+        default=2.0,
+        gt=0,
+        description="a committed record's answer waits this long at most for its push onto "
+        "the queue, which runs beside the requests; past it the answer is 202 `received`, "
+        "whatever Redis does (stopped, partitioned, slow), and the sweeper pushes the record",
+    )
+    intake_max_concurrent_requests: int = Field(
+        default=256,
+        ge=1,
+        description="requests in flight (their body read) per intake process; more get 503 "
+        "with `Retry-After`; a `caller_runs` line's waiting ones take at most a quarter",
+    )
+    intake_body_timeout_seconds: float = Field(
+        default=10, gt=0, description="a whole body must arrive within this (408)"
+    )
+    intake_keep_alive_seconds: int = Field(
+        default=5, ge=1, description="an idle keep-alive connection is closed after this"
+    )
+    intake_max_header_bytes: int = Field(
+        default=16 * 1024,
+        ge=1024,
+        description="larger headers (or more than 100 of them) get 431, counted while they "
+        "are read",
+    )
+    intake_header_timeout_seconds: float = Field(
+        default=10,
+        gt=0,
+        description="a connection whose headers have not all arrived within this (from its "
+        "opening, or from its next request's first byte) gets 408 and is closed",
+    )
+    timestamp_window_seconds: int = Field(
+        default=300,
+        ge=1,
+        description="a signed request's timestamp (`X-Timestamp`, `webhook-timestamp`) must "
+        "be within this of the intake's clock, either way (±300 s by default); the retention "
+        "settings may not be shorter than twice it, the time a signed request can be sent "
+        "again",
+    )
+    alert_webhooks: list[WebhookSettings] = Field(
+        default_factory=list,
+        description='JSON list of `{"kind": "generic"|"dingtalk"|"slack", "url": ..., '
+        '"secret": ...}` (see [Alerts](operating.md#alerts))',
+        json_schema_extra={"unset": "none (log only)"},
+    )
+    alert_window_seconds: float = Field(
+        default=60,
+        gt=0,
+        description="a point event (not an incident) sends at most one message per (event, "
+        "line) per window, with the folded count; an incident resolves after its condition "
+        "was quiet this long",
+    )
+    alert_buffer_size: int = Field(
+        default=1000,
+        ge=1,
+        description="Alerts waiting to be sent; when full the oldest is dropped (and "
+        "counted), never the caller",
+    )
+    backlog_after_seconds: float = Field(
+        default=300,
+        gt=0,
+        description="`BACKLOG` when a line's oldest unfinished record is older",
+    )
+    monitor_interval_seconds: float = Field(
+        default=15, gt=0, description="how often beat runs the queue monitor"
+    )
+    # The heartbeat key is refreshed at a third of this.
+    worker_heartbeat_ttl_seconds: float = Field(
+        default=15, ge=1, description="a worker that stops beating counts as gone after this"
+    )
+    # A stalled worker also counts as not live, and restarts its consumer.
+    worker_stall_after_seconds: float = Field(
+        default=30,
+        gt=0,
+        description="a worker that has taken nothing from its line's waiting queue this long "
+        "while it had a free slot counts as stalled (`WORKER_STALLED`); checked at each "
+        "heartbeat (a third of the heartbeat TTL)",
+    )
+    visibility_timeout_seconds: int = Field(
+        default=120,
+        ge=1,
+        description="a killed worker's message comes back after this; an attempt's lease on "
+        "its record lasts 95 % of it (see [Records](operating.md#records))",
+    )
+    beat_lock_ttl_seconds: int = Field(
+        default=10,
+        ge=1,
+        description="the active beat's Redis lock (`pipeline:beat:lock`) lasts this long: a "
+        "standby beat takes over within it of the holder's death (see "
+        "[Schedules](operating.md#schedules))",
+    )
+    sweep_interval_seconds: float = Field(
+        default=2.0, gt=0, description="how often beat runs the sweeper"
+    )
     # A received record younger than this may still be on its way onto the queue.
-    received_grace_seconds: float = Field(default=5.0, ge=0)
-    # A record enqueued this long with no attempt since is checked for its message, every
-    # `lost_check_interval_seconds`; one whose message Redis lost is pushed again (one whose
-    # message waits, however long its queue, is not).
-    lost_after_seconds: float = Field(default=10, gt=0)
-    lost_check_interval_seconds: float = Field(default=10, gt=0)
-    sweep_batch_size: int = Field(default=500, ge=1)
-    sweep_max_per_run: int = Field(default=5000, ge=1)
-    # `done` records are deleted this many days after they finished, and `dead`, `rejected`
-    # and `cancelled` ones this many days after they became so (0 keeps them forever).
-    retention_days: float = Field(default=30, ge=0)
-    retention_undelivered_days: float = Field(default=30, ge=0)
-    retention_interval_seconds: float = Field(default=3600, gt=0)
-    retention_batch_size: int = Field(default=1000, ge=1)
-    # A retention run stops after this long; the next run goes on where it stopped.
-    retention_max_run_seconds: float = Field(default=900, gt=0)
-    # Connection rules of every Redis client; 0 turns one off.
-    redis_health_check_interval_seconds: float = Field(default=2, ge=0)
-    redis_socket_timeout_seconds: float = Field(default=5, ge=0)
-    redis_connect_timeout_seconds: float = Field(default=2, ge=0)
-    redis_socket_keepalive: bool = True
-    redis_retry_on_timeout: bool = True
-    # `pipeline up` refuses a Redis database that holds keys of another application (they
-    # would sit beside the pipeline's queues, and a flush of either would take both) unless
-    # this is set (or `pipeline up --share-redis`).
-    redis_shared: bool = False
-    # Celery's soft shutdown: a stopped worker finishes or re-queues what it holds.
-    worker_soft_shutdown_seconds: float = Field(default=10, ge=0)
-    flower_host: str = "127.0.0.1"
-    flower_port: int = Field(default=5555, ge=0, le=65535)
-    # `user:password`; `pipeline up` and `pipeline flower` generate one when it is not set.
-    flower_basic_auth: SecretStr | None = None
-    # An OTLP/HTTP collector (e.g. http://collector:4318): each process exports its spans
-    # there (app.telemetry.tracing; needs the `otel` extra). Unset: nothing is traced.
-    otel_endpoint: str | None = Field(default=None, pattern=r"^https?://\S+$")
-    log_json: bool = False
-    log_level: str = Field(default="INFO", pattern=r"^(DEBUG|INFO|WARNING|ERROR)$")
-    lines: dict[str, LineSettings] = Field(default_factory=dict)
+    received_grace_seconds: float = Field(
+        default=5.0,
+        ge=0,
+        description="a `received` record unchanged for this long is pushed by the sweeper",
+    )
+    lost_after_seconds: float = Field(
+        default=10,
+        gt=0,
+        description="a record enqueued this long with no attempt has its message looked for, "
+        "every `PIPELINE_LOST_CHECK_INTERVAL_SECONDS`; one Redis lost is pushed again, one "
+        "that only waits is never pushed twice (this replaces the former "
+        "`PIPELINE_STUCK_AFTER_SECONDS`, which is no longer read)",
+    )
+    lost_check_interval_seconds: float = Field(
+        default=10,
+        gt=0,
+        description="how often beat looks for the messages of the records enqueued "
+        "`PIPELINE_LOST_AFTER_SECONDS` with no attempt",
+    )
+    sweep_batch_size: int = Field(
+        default=500, ge=1, description="records the sweeper claims per batch"
+    )
+    sweep_max_per_run: int = Field(
+        default=5000, ge=1, description="records the sweeper claims per sweep"
+    )
+    retention_days: float = Field(
+        default=30,
+        ge=0,
+        description="`done` records are deleted this long after they finished (`0` keeps them)",
+    )
+    retention_undelivered_days: float = Field(
+        default=30,
+        ge=0,
+        description="`dead`, `rejected` and `cancelled` records are deleted this long after "
+        "they became so (`0` keeps them); this and `PIPELINE_RETENTION_DAYS` are refused at "
+        "start when shorter than twice `PIPELINE_TIMESTAMP_WINDOW_SECONDS` (300 s, so 600 s), "
+        "the time a signed request can be sent again",
+    )
+    retention_interval_seconds: float = Field(
+        default=3600, gt=0, description="how often beat runs retention"
+    )
+    retention_batch_size: int = Field(
+        default=1000, ge=1, description="records retention deletes per transaction"
+    )
+    retention_max_run_seconds: float = Field(
+        default=900,
+        gt=0,
+        description="a retention run stops after this long, and the next goes on where it stopped",
+    )
+    redis_health_check_interval_seconds: float = Field(
+        default=2,
+        ge=0,
+        description="every Redis client (the broker's, ours, the lock's) replaces a pooled "
+        "connection idle past this before using it; keep it below the idle timeout of any "
+        "proxy, NAT or load balancer between the pipeline and Redis; `0` turns it off (see "
+        "[Connections](operating.md#connections))",
+    )
+    redis_socket_timeout_seconds: float = Field(
+        default=5,
+        ge=0,
+        description="a Redis read times out after this; above 1 s, the worker's blocking "
+        "fetch; `0` turns it off",
+    )
+    redis_connect_timeout_seconds: float = Field(
+        default=2,
+        ge=0,
+        description="a Redis connect times out after this; `0` turns it off",
+    )
+    redis_socket_keepalive: bool = Field(
+        default=True, description="TCP keepalive on every Redis connection"
+    )
+    redis_retry_on_timeout: bool = Field(
+        default=True,
+        description="a Redis command that timed out is retried on a new connection",
+    )
+    # Off unless asked for: another application's keys would sit beside the pipeline's
+    # queues, and a flush of either would take both.
+    redis_shared: bool = Field(
+        default=False,
+        description="`pipeline up` uses a Redis database that holds another application's "
+        "keys (as `--share-redis`) instead of refusing it",
+    )
+    worker_soft_shutdown_seconds: float = Field(
+        default=10,
+        ge=0,
+        description="Celery's soft shutdown: a stopped worker finishes or re-queues what it "
+        "holds within this; a stalled worker that still lives this long plus "
+        "`PIPELINE_WORKER_STALL_AFTER_SECONDS` after it sent itself SIGQUIT ends with exit "
+        "code 70 (see [Alerts](operating.md#alerts))",
+    )
+    flower_host: str = Field(default="127.0.0.1", description="where Flower listens: its address")
+    flower_port: int = Field(
+        default=5555, ge=0, le=65535, description="where Flower listens: its port"
+    )
+    flower_basic_auth: SecretStr | None = Field(
+        default=None,
+        description="`user:password` for Flower; no `,` (Flower would split it into several "
+        "credentials)",
+        json_schema_extra={"unset": "generated, printed once"},
+    )
+    otel_endpoint: str | None = Field(
+        default=None,
+        pattern=r"^https?://\S+$",
+        description="an OTLP/HTTP collector, e.g. `http://collector:4318` (spans go to "
+        "`…/v1/traces`); needs `pip install 'durable-pipeline[otel]'` (see "
+        "[Tracing](operating.md#tracing))",
+        json_schema_extra={"unset": "none (nothing traced)"},
+    )
+    log_json: bool = Field(default=False, description="JSON log lines for production")
+    log_level: str = Field(
+        default="INFO",
+        pattern=r"^(DEBUG|INFO|WARNING|ERROR)$",
+        description="the lowest level logged",
+    )
+    lines: dict[str, LineSettings] = Field(
+        default_factory=dict,
+        description=f"per line, e.g. `{ENV_PREFIX}LINES{NESTED}ORDER{NESTED}MAX_QUEUE_LENGTH=500` "
+        "(see [Per line](#per-line))",
+    )
 
     @field_validator("lines", mode="before")
     @classmethod

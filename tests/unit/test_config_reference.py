@@ -3,8 +3,11 @@ the model, its type, default and meaning, never a page that drifted from the cod
 
 from __future__ import annotations
 
+import pytest
+from pydantic import BaseModel
+
 from app.config.line_settings import LineSettings
-from app.config.reference import REGENERATE, field_comments, reference
+from app.config.reference import REGENERATE, meaning, reference
 from app.config.settings import Settings
 from tests.support.processes import REPO
 
@@ -26,7 +29,20 @@ def test_every_setting_of_the_model_has_a_row_with_its_variable() -> None:
         assert f"| `PIPELINE_LINES__<LINE>__{name.upper()}` |" in text, name
 
 
-def test_a_setting_the_readme_never_described_takes_the_comment_above_its_field() -> None:
-    comment = field_comments(Settings)["alert_buffer_size"]
-    assert comment.startswith("Alerts waiting to be sent")
-    assert comment.removesuffix(".") in reference()
+@pytest.mark.parametrize("model", [Settings, LineSettings])
+def test_every_setting_of_the_model_carries_its_meaning_in_its_description(model) -> None:
+    undescribed = [name for name, field in model.model_fields.items() if not field.description]
+    assert undescribed == [], f"{model.__name__}: give these `Field(description=...)`"
+
+
+def test_an_unset_default_reads_as_its_field_says() -> None:
+    assert meaning(Settings, "intake_lines").unset == "all"
+    assert "| comma-separated list | all |" in reference()
+
+
+def test_a_setting_without_a_description_stops_the_reference_naming_it() -> None:
+    class Undescribed(BaseModel):
+        retries: int = 3
+
+    with pytest.raises(KeyError, match=r"Undescribed\.retries: no description"):
+        meaning(Undescribed, "retries")
