@@ -17,6 +17,8 @@ from app.cli.output import (
     table,
 )
 from app.ids import is_id
+from app.journal import audit as log
+from app.journal.journal import Journal
 
 # Rows a page holds unless asked, and at most.
 DEFAULT_PAGE = 20
@@ -44,9 +46,6 @@ def audit(
     """Show operator actions (replays, retries, cancels, pauses, schedule changes), newest
     first, with who did them; then the cursor of the next page (with --json:
     `GET /v1/audit`'s answer, `items` and `next`)."""
-    from app.journal import audit as log  # noqa: PLC0415
-    from app.journal.journal import Journal  # noqa: PLC0415
-
     if after is not None and not is_id(after):
         raise typer.BadParameter("not a cursor of the audit log", param_hint="--after")
     engine = journal_engine(settings_for_command().database_url)

@@ -8,6 +8,8 @@ from typing import Annotated
 import typer
 
 from app.cli.output import check_journal_exists, settings_for_command
+from app.clock import utcnow
+from app.journal.audit import cli_actor
 
 LineArgument = Annotated[str, typer.Argument(help="The business line.")]
 ReasonOption = Annotated[str | None, typer.Option(help="Why, for the audit log.")]
@@ -25,9 +27,7 @@ def resume(line: LineArgument, reason: ReasonOption = None) -> None:
 
 
 def _act(action: str, line: str, reason: str | None) -> None:
-    from app.clock import utcnow  # noqa: PLC0415
-    from app.journal.audit import cli_actor  # noqa: PLC0415
-    from app.wiring.runtime import Runtime  # noqa: PLC0415
+    from app.wiring.runtime import Runtime  # noqa: PLC0415 - 0.2 s more for `pipeline --help`
 
     settings = settings_for_command()
     check_journal_exists(settings.database_url)

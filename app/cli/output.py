@@ -17,6 +17,7 @@ from sqlalchemy.engine import make_url
 
 from app.config.settings import Settings, load_settings
 from app.errors import PipelineError
+from app.journal.engine import make_engine
 from app.telemetry.logs import configure_logging
 
 JsonOpt = Annotated[
@@ -91,8 +92,6 @@ def check_journal_exists(url: str) -> None:
 def journal_engine(url: str) -> Engine:
     """The engine of a command that reads or changes the journal (not one that creates
     it): raises `NoJournal`, creating nothing, when there is none yet."""
-    from app.journal.engine import make_engine  # noqa: PLC0415
-
     check_journal_exists(url)
     return make_engine(url)
 
