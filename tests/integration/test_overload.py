@@ -74,8 +74,11 @@ def test_bound_holds_under_32_concurrent_producers(harness, policy):
         lines__order__overflow=policy,
         lines__order__batch_size="1",
         # Every answer from its push, however loaded the machine: a request whose push
-        # outlived the wait would be answered `received` (and its record deferred).
+        # outlived the wait would be answered `received` (and its record deferred), and so
+        # would one that waited for the push thread longer than half the sweeper's grace
+        # (2.5 s by default: a loaded CI saw two and three such answers of 256).
         intake_push_wait_seconds="30",
+        received_grace_seconds="120",
     )
     client = harness.start_intake()
     rt = harness.runtime()
