@@ -4,7 +4,9 @@ job runs on (flushing counters, sending alerts, renewing a lock, a heartbeat…)
 
 from __future__ import annotations
 
+import os
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Final, Generic, TypeVar
 
@@ -16,6 +18,18 @@ log = structlog.get_logger(__name__)
 
 # What a step returns to end its loop (the thread ends; `start()` may begin another).
 STOP: Final = -1.0
+# Every loop of this process: a forked child gets each one's lock anew (one the parent's
+# thread held at the fork would be held for ever in the child).
+_LOOPS: weakref.WeakSet[LoopThread] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for loop in list(_LOOPS):
+        loop._lock = threading.Lock()
+        loop._wake = threading.Condition(loop._lock)
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class LoopThread:
@@ -51,9 +65,12 @@ class LoopThread:
         self._woken = False
         self._stopping = False
         self._thread: threading.Thread | None = None
-        # True from a start until the loop's thread leaves `_run`: read without the lock,
-        # so that `start()` on every use (a counter's every increment) costs one attribute.
+        # True from a start until the loop's thread leaves `_run`, in the process `_pid`:
+        # read without the lock, so that `start()` on every use (a counter's every
+        # increment) costs two attributes. A forked child has the flag but not the thread.
         self._running = False
+        self._pid = 0
+        _LOOPS.add(self)
 
     @property
     def alive(self) -> bool:
@@ -66,14 +83,15 @@ class LoopThread:
 
     def start(self) -> None:
         """Start the loop unless it runs or `stop()` was called."""
-        if self._running:
+        if self._running and self._pid == os.getpid():
             return
         with self._lock:
-            if self._stopping or self._running:
+            if self._stopping or (self._running and self._pid == os.getpid()):
                 return
-            self._running = True
-            self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
-            self._thread.start()
+            thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+            thread.start()  # raises (no thread left to start): nothing changed, try again later
+            # Set while the lock is held: the thread clears it, under the lock, as it ends.
+            self._thread, self._pid, self._running = thread, os.getpid(), True
 
     def wake(self) -> None:
         """Run the next step now rather than at its time."""
@@ -116,6 +134,7 @@ class LoopThread:
         while True:
             with self._lock:
                 if wait_s == STOP and not self._stopping:
+                    self._running = False  # a `start()` from here on begins another
                     return
                 if not self._stopping and not self._woken:
                     timeout_s = self._every_s if wait_s is None else max(wait_s, 0.0)

@@ -151,6 +151,9 @@ class Child:
     def start(self, env: dict[str, str] | None = None, *, output: Output | None = None) -> Child:
         """Start it, with `env` (default: its own `env`); with `output`, its lines go there
         after its name."""
+        if self.process is not None and self.process.poll() is None:
+            # A second process under one name would leave the first with no one to stop it.
+            raise RuntimeError(f"{self.name} is running already (pid {self.process.pid})")
         env = self.env if env is None else env
         self.signalled = False
         if output is not None:

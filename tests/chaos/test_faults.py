@@ -6,13 +6,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
+from app.local.processes import kill_group
 from tests.support.processes import wait_for
 from tests.support.recorder import Recorder
 from tests.support.services import require
@@ -21,10 +21,6 @@ from tests.support.services import require
 # ledger.
 # Each scenario loads the machine: under pytest -n N they run one after another.
 pytestmark = [pytest.mark.timeout(420), pytest.mark.loads_machine]
-
-
-def kill_group(pid: int) -> None:
-    os.killpg(pid, signal.SIGKILL)
 
 
 def test_worker_killed_twice_mid_processing_loses_nothing(chaos):

@@ -6,7 +6,9 @@ again, and a step may make itself the last."""
 
 from __future__ import annotations
 
+import os
 import threading
+import warnings
 
 import pytest
 from structlog.testing import capture_logs
@@ -262,3 +264,51 @@ def test_a_step_that_stops_its_loop_is_the_last_but_the_final_one() -> None:
     wait_until(lambda: not loop.alive and len(steps) == 2, timeout_s=5.0, what="the end")
     assert loop.stop(timeout_s=5.0)
     assert (steps, ended) == ([False, True], [False])
+
+
+def test_a_loop_started_before_a_fork_runs_in_the_child_when_started_there():
+    """A forked child has the parent's loop object but not its thread: `start()` there
+    begins one (a Celery prefork child reuses what its parent built)."""
+    stepped = threading.Event()
+
+    def step() -> float | None:
+        stepped.set()
+        return None
+
+    loop = LoopThread(step, name="test-fork", every_s=3600.0)
+    loop.start()
+    assert stepped.wait(5.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # fork beside threads, on purpose
+        pid = os.fork()
+    if pid == 0:  # the child: report through the exit code, never return into pytest
+        code = 1
+        try:
+            stepped.clear()
+            loop.start()
+            code = 0 if stepped.wait(5.0) else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)  # the child's own wait is bounded (5 s)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert loop.stop(timeout_s=5.0)
+
+
+def test_a_start_that_could_not_make_its_thread_leaves_the_next_start_free(monkeypatch):
+    stepped = threading.Event()
+
+    def step() -> float | None:
+        stepped.set()
+        return None
+
+    def no_thread_left(self: threading.Thread) -> None:
+        raise RuntimeError("can't start new thread")
+
+    loop = LoopThread(step, name="test-no-thread", every_s=3600.0)
+    with monkeypatch.context() as patched:
+        patched.setattr(threading.Thread, "start", no_thread_left)
+        with pytest.raises(RuntimeError):
+            loop.start()
+    loop.start()
+    assert stepped.wait(5.0)
+    assert loop.stop(timeout_s=5.0)
