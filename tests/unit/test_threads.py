@@ -138,7 +138,12 @@ def test_a_loop_steps_at_once_then_when_woken_and_once_more_when_stopped() -> No
     assert not loop.alive
 
 
-def test_a_step_that_raises_is_logged_and_the_loop_goes_on() -> None:
+@pytest.mark.parametrize(
+    ("named", "event"),
+    [({}, "loop_step_failed"), ({"failed_event": "renewal_crashed"}, "renewal_crashed")],
+)
+def test_a_step_that_raises_is_logged_and_the_loop_goes_on(named, event) -> None:
+    """Logged under the loop's `failed_event` (`loop_step_failed` unless it names one)."""
     calls: list[int] = []
     second = threading.Event()
 
@@ -149,14 +154,12 @@ def test_a_step_that_raises_is_logged_and_the_loop_goes_on() -> None:
         second.set()
         return None
 
-    loop = LoopThread(step, name="test-raises", every_s=0.01)
+    loop = LoopThread(step, name="test-raises", every_s=0.01, **named)
     with capture_logs() as logs:
         loop.start()
         assert second.wait(5.0)
         assert loop.stop(timeout_s=5.0)
-    assert [entry["event"] for entry in logs if entry.get("loop") == "test-raises"] == [
-        "loop_step_failed"
-    ]
+    assert [entry["event"] for entry in logs if entry.get("loop") == "test-raises"] == [event]
 
 
 def test_a_step_may_end_its_loop_and_a_later_start_begins_another() -> None:
@@ -204,27 +207,6 @@ def test_a_loop_with_no_interval_steps_only_when_woken_and_its_first_step_may_wa
     assert stepped.acquire(timeout=5.0)
     assert loop.stop(timeout_s=5.0)
     assert steps == [0, 1]
-
-
-def test_a_step_that_raises_is_logged_under_the_event_its_loop_names() -> None:
-    calls: list[int] = []
-    second = threading.Event()
-
-    def step() -> float | None:
-        calls.append(1)
-        if len(calls) == 1:
-            raise RuntimeError("boom")
-        second.set()
-        return None
-
-    loop = LoopThread(step, name="test-named", every_s=0.01, failed_event="renewal_crashed")
-    with capture_logs() as logs:
-        loop.start()
-        assert second.wait(5.0)
-        assert loop.stop(timeout_s=5.0)
-    assert [entry["event"] for entry in logs if entry.get("loop") == "test-named"] == [
-        "renewal_crashed"
-    ]
 
 
 def test_joining_a_loop_waits_for_it_to_end_itself_and_it_may_start_again() -> None:
