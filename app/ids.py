@@ -75,6 +75,12 @@ def intake_key(key_id: str, nonce: str) -> str:
     return f"{key_id}{SEPARATOR}{nonce}"
 
 
+def sender_of(dedup_key: str) -> str:
+    """Who a record came from: its dedup key's namespace (an intake key id, `schedule`,
+    `dev`, `bench`)."""
+    return dedup_key.partition(SEPARATOR)[0]
+
+
 def schedule_key(name: str, fire: datetime) -> str:
     """The dedup key of a schedule's fire."""
     return f"{SCHEDULE}{SEPARATOR}{name}{SEPARATOR}{fire.astimezone(UTC).isoformat()}"

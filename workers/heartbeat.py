@@ -30,6 +30,7 @@ from typing import Any
 import redis
 from celery.signals import worker_ready, worker_shutdown
 
+from app.admission.senders import waiting_messages
 from app.clock import utcnow
 from app.config.redis import make_redis
 from app.config.settings import redis_options
@@ -88,7 +89,7 @@ class Heartbeat:
 
     def _depth(self, queue: str) -> int | None:
         try:
-            return int(self.client.llen(queue))
+            return waiting_messages(self.client, queue)
         except redis.RedisError:
             return None  # unknown: no verdict on the consumer this time
 

@@ -42,7 +42,7 @@ import redis
 from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual as kombu_virtual
 
-from app.admission.ledger import RELEASE, held_key, records_key
+from app.admission.ledger import RELEASE, count_keys
 from app.config.redis import replaced_when_idle
 from app.telemetry.logs import get_logger
 
@@ -76,12 +76,12 @@ def _ack_or_skip(self: Any, delivery_tag: Any) -> Any:
         with self.pipe_or_acquire() as pipe:
             self._remove_from_indices(delivery_tag, pipe)
             if queue:
-                keys = (held_key(queue), records_key(queue))
-                pipe.evalsha(_RELEASE_SHA, 2, *keys, delivery_tag)
+                keys = count_keys(queue)
+                pipe.evalsha(_RELEASE_SHA, len(keys), *keys, delivery_tag)
             replies = pipe.execute(raise_on_error=False)
         if queue and isinstance(replies[-1], redis.exceptions.NoScriptError):
             with self.channel.conn_or_acquire() as client:
-                client.eval(RELEASE, 2, *keys, delivery_tag)
+                client.eval(RELEASE, len(keys), *keys, delivery_tag)
     except (redis.ConnectionError, redis.TimeoutError, OSError, AttributeError) as exc:
         log.warning("ack_skipped", error=str(exc))
         return None

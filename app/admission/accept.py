@@ -226,6 +226,8 @@ class Acceptor:
                 [r.id for r in admitted],
                 business_nos=[r.business_no for r in admitted],
                 traceparents=[r.traceparent for r in admitted],
+                senders=[r.sender for r in admitted],
+                fair_share=line.settings.fair_share,
                 max_length=line.settings.max_queue_length,
                 batch_size=line.batch_size,
                 behind=defers,

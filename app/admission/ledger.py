@@ -3,9 +3,11 @@ scan that reads every message it holds.
 
 A message of k records takes k of its line's bound. Two Redis keys per queue keep that
 count beside the messages themselves:
-- the *held* hash: each message's delivery tag → its record count and push time (ms),
-  written by the bounded push (`app.admission.push`) in the same script as the LPUSH;
-- the *records* counter: the sum of the held hash, changed in the same steps.
+- the *held* hash: each message's delivery tag → its record count, push time (ms), list
+  and sender, written by the bounded push (`app.admission.push`) in the same script as
+  the LPUSH;
+- the *records* counter: the sum of the held hash, changed in the same steps, as are the
+  counts per sender (`app.admission.senders`).
 
 A message leaves the count when a worker acks it (or rejects it without a requeue: the
 workers' kombu patch calls `RELEASE`), not when a worker takes it: the count is the records
@@ -21,9 +23,9 @@ waiting on the queue or held by a worker, all of them in Redis. Why it stays rig
   connection) is found by the lost-message check's scan: a held entry older than the scan
   whose message the scan did not see is forgotten (`FORGET`).
 
-`scan` reads a queue in slices (`SLICE` messages a call) and kombu's unacked messages with
-HSCAN, before and after the list, so a long queue never blocks Redis for long and a message
-moving between the two while it reads is seen in one or the other."""
+`scan` reads a queue's lists in slices (`SLICE` messages a call) and kombu's unacked
+messages with HSCAN, before and after the lists, so a long queue never blocks Redis for
+long and a message moving between the two while it reads is seen in one or the other."""
 
 from __future__ import annotations
 
@@ -35,6 +37,7 @@ from dataclasses import dataclass, field
 
 import redis
 
+from app.admission.senders import low_senders_key, queue_lists, senders_key
 from app.errors import BrokerUnavailable
 
 HELD_KEY = "pipeline:held:{queue}"
@@ -46,29 +49,56 @@ UNACKED_KEY = "unacked"
 # about 1 KiB).
 SLICE = 500
 
-# KEYS[1]: the held hash, KEYS[2]: the records counter. ARGV[1]: a delivery tag. Takes the
-# message's records out of the count, once (a second release finds nothing).
-RELEASE = """
+# A held entry is `<records>,<push time ms>,<list>,<sender>` (`<list>` 1 for the queue's low
+# list: `app.admission.senders`); an entry of an older push has only the first two.
+# Takes one entry's records out of the counts: the line's (KEYS[2]), its sender's (KEYS[3])
+# and, on the low list, its sender's there (KEYS[4]).
+_UNCOUNT = """
+local function uncount(held)
+    local n, at, low, sender = string.match(held, '^(%d+),(%d+),(%d),(.*)$')
+    if not n then n = string.match(held, '^(%d+)') end
+    n = tonumber(n)
+    if sender then
+        if redis.call('HINCRBY', KEYS[3], sender, -n) <= 0 then
+            redis.call('HDEL', KEYS[3], sender)
+        end
+        if low == '1' and redis.call('HINCRBY', KEYS[4], sender, -n) <= 0 then
+            redis.call('HDEL', KEYS[4], sender)
+        end
+    end
+    return n
+end
+"""
+
+# KEYS[1]: the held hash, KEYS[2]: the records counter, KEYS[3]: the senders' counts,
+# KEYS[4]: their counts on the low list. ARGV[1]: a delivery tag. Takes the message's
+# records out of the counts, once (a second release finds nothing).
+RELEASE = (
+    _UNCOUNT
+    + """
 local held = redis.call('HGET', KEYS[1], ARGV[1])
 if not held then return 0 end
 redis.call('HDEL', KEYS[1], ARGV[1])
-local n = tonumber(string.match(held, '^%d+'))
+local n = uncount(held)
 if redis.call('DECRBY', KEYS[2], n) <= 0 then redis.call('DEL', KEYS[2]) end
 return n
 """
+)
 
 # KEYS as RELEASE. ARGV[1]: a time in ms; ARGV[2..]: delivery tags a scan did not see.
 # Releases those pushed before that time (a message pushed later may simply be newer than
 # the scan). Returns the records released.
-FORGET = """
+FORGET = (
+    _UNCOUNT
+    + """
 local released = 0
 for i = 2, #ARGV do
     local held = redis.call('HGET', KEYS[1], ARGV[i])
     if held then
-        local n, at = string.match(held, '^(%d+),(%d+)$')
+        local at = string.match(held, '^%d+,(%d+)')
         if tonumber(at) < tonumber(ARGV[1]) then
             redis.call('HDEL', KEYS[1], ARGV[i])
-            released = released + tonumber(n)
+            released = released + uncount(held)
         end
     end
 end
@@ -77,6 +107,7 @@ if released > 0 and redis.call('DECRBY', KEYS[2], released) <= 0 then
 end
 return released
 """
+)
 
 _BODY = re.compile(rb'"body": ?"([A-Za-z0-9+/=]*)"')
 _TAG = re.compile(rb'"delivery_tag": ?"([^"]*)"')
@@ -88,6 +119,11 @@ def held_key(queue: str) -> str:
 
 def records_key(queue: str) -> str:
     return RECORDS_KEY.format(queue=queue)
+
+
+def count_keys(queue: str) -> list[str]:
+    """The keys RELEASE and FORGET change, in their order."""
+    return [held_key(queue), records_key(queue), senders_key(queue), low_senders_key(queue)]
 
 
 def body_ids(body: bytes) -> list[str]:
@@ -141,14 +177,15 @@ class Ledger:
             seconds, micros = self._client.time()
             seen = QueueScan(began_ms=int(seconds) * 1000 + int(micros) // 1000)
             self._scan_unacked(queue, seen)
-            start = 0
-            while True:
-                chunk = self._client.lrange(queue, start, start + SLICE - 1)
-                for raw in chunk:
-                    seen.add(raw if isinstance(raw, bytes) else raw.encode())
-                if len(chunk) < SLICE:
-                    break
-                start += SLICE
+            for listed in queue_lists(queue):
+                start = 0
+                while True:
+                    chunk = self._client.lrange(listed, start, start + SLICE - 1)
+                    for raw in chunk:
+                        seen.add(raw if isinstance(raw, bytes) else raw.encode())
+                    if len(chunk) < SLICE:
+                        break
+                    start += SLICE
             self._scan_unacked(queue, seen)
         except redis.RedisError as exc:
             raise BrokerUnavailable(f"reading {queue!r} failed: {exc}") from exc
@@ -176,7 +213,7 @@ class Ledger:
             missing = [tag for tag in counted if tag not in seen.tags]
             released = 0
             for chunk in _chunks(missing, SLICE):
-                keys = [held_key(queue), records_key(queue)]
+                keys = count_keys(queue)
                 released += int(self._forget(keys=keys, args=[seen.began_ms, *chunk]))
         except redis.RedisError as exc:
             raise BrokerUnavailable(f"recounting {queue!r} failed: {exc}") from exc

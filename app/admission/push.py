@@ -22,7 +22,17 @@ from opentelemetry.trace import Tracer
 
 from app.admission.ledger import Ledger, held_key, records_key
 from app.admission.push_spans import PushSpans
+from app.admission.senders import (
+    UNNAMED,
+    SenderShare,
+    low_queue,
+    low_senders_key,
+    sender_shares,
+    senders_key,
+    waiting_messages,
+)
 from app.admission.waiting import BEHIND_KEY, LEAVING_EXPIRY_MS, LEAVING_KEY, Waiting
+from app.config.line_settings import DEFAULT_FAIR_SHARE
 from app.config.redis import as_text
 from app.errors import BrokerUnavailable
 from app.telemetry.tracing import NO_TRACER
@@ -38,10 +48,12 @@ EPOCH_KEY = "pipeline:epoch"
 
 # KEYS[1]: the queue, KEYS[2]: the epoch key, KEYS[3]: the queue's behind key, KEYS[4]: its
 # leaving set (`app.admission.waiting`), KEYS[5]: its held hash, KEYS[6]: its records
-# counter (`app.admission.ledger`). ARGV[1]: the bound in records, ARGV[2]: an epoch to use
-# if none exists, ARGV[3]: "1" to push nothing while the behind key exists, ARGV[4]: a token
-# to record in the leaving set if records are left out ("" for none), ARGV[5]: its expiry in
-# ms, ARGV[6..]: for each message in turn its delivery tag, its record count and itself,
+# counter (`app.admission.ledger`), KEYS[7]: its senders' counts, KEYS[8]: theirs on the low
+# list, KEYS[9]: the low list (`app.admission.senders`). ARGV[1]: the bound in records,
+# ARGV[2]: an epoch to use if none exists, ARGV[3]: "1" to push nothing while the behind
+# key exists, ARGV[4]: a token to record in the leaving set if records are left out ("" for
+# none), ARGV[5]: its expiry in ms, ARGV[6]: a sender's fair share in records, ARGV[7..]:
+# for each message in turn its delivery tag, its record count, its sender and itself,
 # pushed in order while its records fit under the bound.
 # Returns {messages pushed, records after, epoch, 1 if nothing was pushed for the behind key}.
 _PUSH_BOUNDED = """
@@ -57,19 +69,29 @@ if ARGV[3] == '1' and redis.call('EXISTS', KEYS[3]) == 1 then
     behind = 1
     room = 0
 end
+local share = tonumber(ARGV[6])
 local now = redis.call('TIME')
 local now_ms = now[1] * 1000 + math.floor(now[2] / 1000)
 local pushed, records = 0, 0
-for i = 6, #ARGV, 3 do
+for i = 7, #ARGV, 4 do
     local n = tonumber(ARGV[i + 1])
     if records + n > room then break end
-    redis.call('LPUSH', KEYS[1], ARGV[i + 2])
-    redis.call('HSET', KEYS[5], ARGV[i], n .. ',' .. now_ms)
+    local sender = ARGV[i + 2]
+    local had = redis.call('HINCRBY', KEYS[7], sender, n)
+    local low = 0
+    if had > share or redis.call('HEXISTS', KEYS[8], sender) == 1 then
+        low = 1
+        redis.call('HINCRBY', KEYS[8], sender, n)
+        redis.call('LPUSH', KEYS[9], ARGV[i + 3])
+    else
+        redis.call('LPUSH', KEYS[1], ARGV[i + 3])
+    end
+    redis.call('HSET', KEYS[5], ARGV[i], n .. ',' .. now_ms .. ',' .. low .. ',' .. sender)
     pushed = pushed + 1
     records = records + n
 end
 if records > 0 then redis.call('INCRBY', KEYS[6], records) end
-if ARGV[4] ~= '' and pushed < (#ARGV - 5) / 3 then
+if ARGV[4] ~= '' and pushed < (#ARGV - 6) / 4 then
     redis.call('ZADD', KEYS[4], now_ms + tonumber(ARGV[5]), ARGV[4])
     if behind == 0 then
         -- The bound left them out: newer records must wait behind them.
@@ -246,12 +268,21 @@ def new_delivery_tag() -> str:
     return f"{_tags[1]}-{next(_tags[2])}"
 
 
-def batches(record_ids: Sequence[str], size: int) -> list[str | list[str]]:
+def batches(
+    record_ids: Sequence[str], size: int, senders: Sequence[str] | None = None
+) -> list[str | list[str]]:
     """`record_ids` in order, as message arguments: each id alone when `size` is 1, else
-    lists of up to `size` ids. (Any sequence is cut the same way: business numbers too.)"""
+    lists of up to `size` ids, a list never holding two senders' records (`senders`, one
+    per id, when given). (Any sequence is cut the same way: business numbers too.)"""
     if size <= 1:
         return list(record_ids)
-    return [list(record_ids[i : i + size]) for i in range(0, len(record_ids), size)]
+    cuts = [
+        i for i in range(1, len(record_ids)) if senders is not None and senders[i] != senders[i - 1]
+    ]
+    out: list[str | list[str]] = []
+    for start, end in itertools.pairwise([0, *cuts, len(record_ids)]):
+        out += [list(record_ids[i : min(i + size, end)]) for i in range(start, end, size)]
+    return out
 
 
 class Pusher:
@@ -275,6 +306,8 @@ class Pusher:
         batch_size: int = 1,
         behind: bool = False,
         keeps_left: bool = False,
+        senders: Sequence[str] | None = None,
+        fair_share: int = DEFAULT_FAIR_SHARE,
         business_nos: Sequence[str] | None = None,
         traceparents: Sequence[str | None] | None = None,
     ) -> PushResult:
@@ -286,6 +319,9 @@ class Pusher:
         journal. `keeps_left`: the caller keeps what is not pushed in the journal, to be
         pushed later (`deferred`, `failed`): newer records then wait behind it, and the
         caller gives `leaving` to `self.waiting.left_kept` once its journal says so.
+        `senders`: each record's sender (`Record.sender`; all
+        `UNNAMED` when None): a message carries one sender's records, and goes on the queue's
+        low list once its sender has more than `fair_share` records on the line.
         `business_nos`: the records' business numbers, in the order of `record_ids`, which
         each message names beside its line (see `build_message`). `traceparents`: the
         records' traceparents, in that order (None for an untraced one): with tracing on,
@@ -295,8 +331,11 @@ class Pusher:
         Raises `BrokerUnavailable` when Redis cannot be reached."""
         if not record_ids:
             return PushResult(pushed=0, depth=self.depth(queue), epoch=self.epoch())
-        args = batches(record_ids, batch_size)
-        labels = batches(business_nos, batch_size) if business_nos is not None else None
+        args = batches(record_ids, batch_size, senders)
+        labels = batches(business_nos, batch_size, senders) if business_nos is not None else None
+        sizes = [1 if isinstance(arg, str) else len(arg) for arg in args]
+        firsts = list(itertools.accumulate(sizes, initial=0))[: len(args)]
+        of_message = [UNNAMED if senders is None else senders[i] for i in firsts]
         spans = PushSpans(
             self._tracer, queue=queue, record_ids=record_ids, traceparents=traceparents
         )
@@ -311,7 +350,7 @@ class Pusher:
                 traceparents=spans.of(arg),
                 tag=tag,
             )
-            messages += (tag, 1 if isinstance(arg, str) else len(arg), message)
+            messages += (tag, 1 if isinstance(arg, str) else len(arg), of_message[n], message)
         token = uuid.uuid4().hex if keeps_left else ""
         try:
             pushed, depth, epoch, waiting = self._script(
@@ -322,6 +361,9 @@ class Pusher:
                     LEAVING_KEY.format(queue=queue),
                     held_key(queue),
                     records_key(queue),
+                    senders_key(queue),
+                    low_senders_key(queue),
+                    low_queue(queue),
                 ],
                 args=[
                     max_length,
@@ -329,6 +371,7 @@ class Pusher:
                     "1" if behind else "0",
                     token,
                     LEAVING_EXPIRY_MS,
+                    fair_share,
                     *messages,
                 ],
             )
@@ -356,9 +399,14 @@ class Pusher:
         """Records on `queue`, waiting or held by its workers. Raises `BrokerUnavailable`."""
         return self.ledger.records(queue)
 
+    def senders(self, queue: str) -> list[SenderShare]:
+        """The senders with records on `queue`, busiest first, the rest summed as `other`
+        (`sender_shares`). Raises `BrokerUnavailable`."""
+        return sender_shares(self._client, queue)
+
     def messages(self, queue: str) -> int:
-        """Messages waiting in `queue`. Raises `BrokerUnavailable`."""
+        """Messages waiting in `queue` (its two lists). Raises `BrokerUnavailable`."""
         try:
-            return int(self._client.llen(queue))
+            return waiting_messages(self._client, queue)
         except redis.RedisError as exc:
             raise BrokerUnavailable(f"LLEN {queue!r} failed: {exc}") from exc

@@ -368,6 +368,7 @@ def status(as_json: JsonOpt = False) -> None:
         "counts",
         "oldest unfinished",
         "paused",
+        "senders (past fair share)",
     )
     for row in rows:
         depth = "redis down" if row.queue_depth is None else str(row.queue_depth)
@@ -379,7 +380,11 @@ def status(as_json: JsonOpt = False) -> None:
         age = "-" if row.oldest_unfinished_age_s is None else f"{row.oldest_unfinished_age_s:.0f}s"
         live = "?" if row.live_workers is None else str(row.live_workers)
         paused = "-" if row.pause is None else f"paused by {row.pause.actor}"
-        lines.add_row(row.line, depth_text, row.overflow, live, counts, age, paused)
+        senders = ", ".join(
+            f"{s.sender}={s.records}" + (f" ({s.past_share})" if s.past_share else "")
+            for s in row.senders or []
+        )
+        lines.add_row(row.line, depth_text, row.overflow, live, counts, age, paused, senders or "-")
     show(lines)
 
 

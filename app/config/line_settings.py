@@ -18,6 +18,10 @@ from app.config.sink_settings import (
     SinkKind,
 )
 
+# A line's `fair_share` unset: a few messages' worth of records, so that a sender within it
+# waits behind a few messages of each other sender at most (app.admission.senders).
+DEFAULT_FAIR_SHARE = 100
+
 
 class Overflow(StrEnum):
     """What admission does when a line's queue is full."""
@@ -37,6 +41,13 @@ class LineSettings(BaseModel):
         ge=1,
         description="records in the line's Redis queue (named after the line), waiting or held "
         "by a worker until it acks, however many messages carry them; never exceeded",
+    )
+    fair_share: int = Field(
+        default=DEFAULT_FAIR_SHARE,
+        ge=1,
+        description="records of one sender (an intake key id) the line's workers take ahead "
+        "of every sender past its own; past it, the sender's records wait behind theirs, "
+        "in arrival order (see [Senders and fair shares](operating.md#senders-and-fair-shares))",
     )
     # Only records pushed together share a message (concurrent requests, a sweep, a replay
     # page). Unset: `Line.batch_size` decides.
@@ -62,6 +73,17 @@ class LineSettings(BaseModel):
         le=1_000_000,
         description="requests/s each intake process admits for the line; over it a request "
         "waits its turn (see [Overload](operating.md#overload))",
+    )
+    # Unset: a sender may take all of its line's rate (app.intake.pacing).
+    sender_intake_rate: float | None = Field(
+        default=None,
+        gt=0,
+        le=1_000_000,
+        description="requests/s each intake process admits for the line from any one sender "
+        "(the key id a request is signed with; `dev` in dev mode); over it a request waits "
+        "its turn or is answered 429 `rate_limited` with `Retry-After`, like `intake_rate` "
+        "(see [Overload](operating.md#overload))",
+        json_schema_extra={"unset": "no per-sender limit"},
     )
     concurrency: int = Field(
         default=4,

@@ -33,7 +33,7 @@ from app.intake.admin import AdminActor, require_admin
 from app.intake.body import parse_payload
 from app.intake.caller_runs import run_in_request
 from app.intake.openapi_doc import RECORD_BODY, REQUEST_SIGNATURE
-from app.intake.pacing import Pacer
+from app.intake.pacing import IntakePacers
 from app.intake.signing import MAX_NONCE_LENGTH, Caller, verify
 from app.intake.views import alert_view, line_status_view, record_view
 from app.journal import attempt_log, audit, store
@@ -310,9 +310,9 @@ async def post_record(request: Request) -> JSONResponse:
             served=served,
         )
     payload = parse_payload(body, spec.schema)
-    pacer: Pacer | None = request.app.state.pacers.get(spec.name)
-    if pacer is not None:
-        await pacer.admit()  # over the line's intake rate: wait, or 429 (RateLimited)
+    pacers: IntakePacers = request.app.state.pacers
+    # Over the sender's or the line's intake rate: wait, or 429 (RateLimited).
+    await pacers.admit(spec.name, caller.key_id)
     now = utcnow()
     new = NewRecord(
         id=new_id(now),

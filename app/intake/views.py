@@ -76,6 +76,17 @@ def line_status_view(row: LineStatus) -> dict[str, object]:
         "pause": None if row.pause is None else row.pause.public(),
         # An HTTP-sink line's circuit breaker; None for another sink or with Redis down.
         "circuit": None if row.circuit is None else row.circuit.public(),
+        # Records of one sender taken ahead of every sender past its own.
+        "fair_share": row.fair_share,
+        # The senders with records on the queue, busiest first (the first ten by name, the
+        # rest as `other`): their records, and how many of those wait past the fair share
+        # behind every other sender's. None with Redis down.
+        "senders": None
+        if row.senders is None
+        else [
+            {"sender": s.sender, "records": s.records, "past_fair_share": s.past_share}
+            for s in row.senders
+        ],
     }
 
 

@@ -25,6 +25,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB
 
 from app.clock import as_utc
+from app.ids import sender_of
 
 
 class RecordStatus(StrEnum):
@@ -295,6 +296,11 @@ class Record:
     lease_owner: str | None = None
     lease_expires_at: datetime | None = None
     traceparent: str | None = None
+
+    @property
+    def sender(self) -> str:
+        """Who it came from: the intake key id it was signed with, `schedule`, `dev`."""
+        return sender_of(self.dedup_key)
 
     @classmethod
     def from_row(cls, row: Any) -> Record:

@@ -28,6 +28,7 @@ from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.functions import FunctionElement
 
+from app.ids import sender_of
 from app.journal.dbclock import db_time
 from app.journal.guards import NOW, guard
 from app.journal.models import (
@@ -349,6 +350,12 @@ class RecordKey(NamedTuple):
     line: str
     business_no: str
     status: RecordStatus
+    dedup_key: str
+
+    @property
+    def sender(self) -> str:
+        """Who it came from (`Record.sender`)."""
+        return sender_of(self.dedup_key)
 
 
 _STATUSES = {status.value: status for status in RecordStatus}
@@ -359,10 +366,16 @@ def list_record_keys(
 ) -> list[RecordKey]:
     """The records `where` selects, by id from after the cursor `after`, reading only each
     record's `RecordKey`."""
-    columns = (records.c.id, records.c.line, records.c.business_no, records.c.status)
+    columns = (
+        records.c.id,
+        records.c.line,
+        records.c.business_no,
+        records.c.status,
+        records.c.dedup_key,
+    )
     query = _by_id(filtered(select(*columns).limit(limit), where), after=after, newest=False)
     rows = conn.execute(query)
-    return [RecordKey(i, line, no, _STATUSES[status]) for i, line, no, status in rows]
+    return [RecordKey(i, line, no, _STATUSES[status], key) for i, line, no, status, key in rows]
 
 
 def payloads(conn: Connection, record_ids: Sequence[str]) -> dict[str, dict[str, Any]]:

@@ -15,6 +15,7 @@ from typing import Protocol
 import redis
 
 from app.admission.pause import LinePause
+from app.admission.senders import SenderShare
 from app.delivery.circuit import CircuitState
 from app.errors import BrokerUnavailable
 from app.journal import store
@@ -38,6 +39,11 @@ class QueueDepths(Protocol):
 
     def messages(self, queue: str) -> int:
         """Messages waiting. Raises `BrokerUnavailable`."""
+        ...
+
+    def senders(self, queue: str) -> list[SenderShare]:
+        """The senders with records on the queue, busiest first, the rest summed as
+        `other`. Raises `BrokerUnavailable`."""
         ...
 
 
@@ -77,6 +83,10 @@ class LineStatus:
     # for another sink, or when Redis does not answer.
     circuit: CircuitState | None = None
     queue_messages: int | None = None
+    # Records of one sender taken ahead of the senders past theirs; the senders with
+    # records on the queue, busiest first (None when Redis does not answer).
+    fair_share: int = 0
+    senders: list[SenderShare] | None = None
 
     @property
     def paused(self) -> bool:
@@ -100,6 +110,7 @@ class QueueView:
     messages: int = 0
     stalled_workers: int = 0
     circuit: CircuitState | None = None
+    senders: list[SenderShare] = field(default_factory=list)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -165,6 +176,7 @@ class LineView:
             views[line.name] = QueueView(
                 depth=self.queues.depth(line.queue),
                 messages=self.queues.messages(line.queue),
+                senders=self.queues.senders(line.queue),
                 live_workers=len(beats) - stalled,
                 stalled_workers=stalled,
                 circuit=circuit,
@@ -195,6 +207,8 @@ class LineView:
                     live_workers=queue.live_workers if queue else None,
                     stalled_workers=queue.stalled_workers if queue else None,
                     circuit=queue.circuit if queue else None,
+                    fair_share=line.settings.fair_share,
+                    senders=queue.senders if queue else None,
                     counts=journal.counts.get(line.name, {}),
                     oldest_unfinished_age_s=(now - started).total_seconds() if started else None,
                     pause=paused.get(line.name),

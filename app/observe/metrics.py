@@ -74,10 +74,21 @@ def _queue_families(lines: LineRegistry, queues: dict[str, QueueView]) -> list[M
         labels=["line"],
     )
     messages = GaugeMetricFamily(
-        "pipeline_queue_messages", "Messages waiting on the line's Redis list.", labels=["line"]
+        "pipeline_queue_messages", "Messages waiting on the line's Redis lists.", labels=["line"]
     )
     live = GaugeMetricFamily(
         "pipeline_live_workers", "Workers whose heartbeat for the line is live.", labels=["line"]
+    )
+    by_sender = GaugeMetricFamily(
+        "pipeline_sender_queue_depth",
+        "Records on the line's queue by sender (an intake key id): the ten with the most by "
+        "name, the rest summed as `other`.",
+        labels=["line", "sender"],
+    )
+    past_share = GaugeMetricFamily(
+        "pipeline_sender_past_fair_share",
+        "Of those, records waiting past the sender's fair share, behind every other sender's.",
+        labels=["line", "sender"],
     )
     circuit = GaugeMetricFamily(
         "pipeline_circuit_open",
@@ -90,9 +101,12 @@ def _queue_families(lines: LineRegistry, queues: dict[str, QueueView]) -> list[M
         depth.add_metric([line.name], view.depth)
         messages.add_metric([line.name], view.messages)
         live.add_metric([line.name], view.live_workers)
+        for share in view.senders:
+            by_sender.add_metric([line.name, share.sender], share.records)
+            past_share.add_metric([line.name, share.sender], share.past_share)
         if view.circuit is not None:
             circuit.add_metric([line.name], 1 if view.circuit.state is State.OPEN else 0)
-    return [depth, messages, live, circuit]
+    return [depth, messages, live, by_sender, past_share, circuit]
 
 
 def _journal_families(lines: LineRegistry, journal: JournalView, *, now: datetime) -> list[Metric]:

@@ -123,7 +123,7 @@ class RecordActions:
             if not claimed:
                 raise _refusal(record, Event.RETRIED)
             _write_audit(conn, Event.RETRIED, record, actor=actor, reason=reason, now=now)
-        self._push(line, [record_id], now=now, business_nos=[record.business_no])
+        self._push(line, claimed, now=now)
         with self.journal.reading() as conn:
             return _found(store.get_record(conn, record_id), record_id)
 
@@ -265,7 +265,6 @@ class RecordActions:
 
     def _retry_page(self, page: list[RecordKey], counts: BulkCounts, *, now: datetime) -> None:
         known = set(self.lines.names())
-        numbers = {key.id: key.business_no for key in page}
         by_line: dict[str, list[str]] = {}
         for key in page:
             if key.line in known:
@@ -274,35 +273,33 @@ class RecordActions:
                 counts.skipped_unknown_line += 1
         for name, ids in by_line.items():
             with self.journal.transaction("retry") as conn:
-                ours = {r.id for r in operator_actions.claim_retry(conn, ids, now=now)}
-            claimed = [rid for rid in ids if rid in ours]  # oldest first, as the page goes
+                ours = {r.id: r for r in operator_actions.claim_retry(conn, ids, now=now)}
+            claimed = [ours[rid] for rid in ids if rid in ours]  # oldest first, as the page goes
             counts.acted += len(claimed)
             counts.skipped_in_flight += len(ids) - len(claimed)
-            business_nos = [numbers[rid] for rid in claimed]
-            enqueued, deferred = self._push(
-                self.lines.get(name), claimed, now=now, business_nos=business_nos
-            )
+            enqueued, deferred = self._push(self.lines.get(name), claimed, now=now)
             counts.enqueued += enqueued
             counts.deferred += deferred
 
-    def _push(
-        self, line: Line, claimed: list[str], *, now: datetime, business_nos: list[str]
-    ) -> tuple[int, int]:
+    def _push(self, line: Line, claimed: list[Record], *, now: datetime) -> tuple[int, int]:
         """Push records claimed for a retry (`enqueued`, no epoch) onto their line's queue
-        within its bound (each message names their `business_nos`); what does not fit, or
-        everything when Redis is down or the line paused, waits `deferred` for the sweeper.
-        Returns how many were pushed and deferred."""
+        within its bound; what does not fit, or everything when Redis is down or the line
+        paused, waits `deferred` for the sweeper. Returns how many were pushed and
+        deferred."""
         if not claimed:
             return 0, 0
+        ids = [r.id for r in claimed]
         if self.paused is not None and self.paused.is_paused(line.name):
             with self.journal.transaction("retry") as conn:
-                store.move(conn, claimed, Event.NOT_PUSHED, now=now)
-            return 0, len(claimed)
+                store.move(conn, ids, Event.NOT_PUSHED, now=now)
+            return 0, len(ids)
         try:
             outcome = self.pusher.push(
                 line.queue,
-                claimed,
-                business_nos=business_nos,
+                ids,
+                business_nos=[r.business_no for r in claimed],
+                senders=[r.sender for r in claimed],
+                fair_share=line.settings.fair_share,
                 max_length=line.settings.max_queue_length,
                 batch_size=line.batch_size,
                 keeps_left=True,
@@ -310,9 +307,9 @@ class RecordActions:
         except BrokerUnavailable as exc:
             log.warning("retry_push_failed", line=line.name, error=str(exc))
             with self.journal.transaction("retry") as conn:
-                store.move(conn, claimed, Event.NOT_PUSHED, now=now)
-            return 0, len(claimed)
-        pushed, left = claimed[: outcome.pushed], claimed[outcome.pushed :]
+                store.move(conn, ids, Event.NOT_PUSHED, now=now)
+            return 0, len(ids)
+        pushed, left = ids[: outcome.pushed], ids[outcome.pushed :]
         try:
             with self.journal.transaction("retry") as conn:
                 claims.set_epoch(conn, pushed, epoch=outcome.epoch)

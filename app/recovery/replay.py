@@ -350,6 +350,8 @@ class Replayer:
                 line.queue,
                 [r.id for r in ours],
                 business_nos=[r.business_no for r in ours],
+                senders=[r.sender for r in ours],
+                fair_share=line.settings.fair_share,
                 max_length=line.settings.max_queue_length,
                 batch_size=line.batch_size,
                 keeps_left=True,

@@ -148,6 +148,8 @@ def push_claimed(
             [r.id for r in claimed],
             business_nos=[r.business_no for r in claimed],
             traceparents=[r.traceparent for r in claimed],
+            senders=[r.sender for r in claimed],
+            fair_share=line.settings.fair_share,
             max_length=line.settings.max_queue_length,
             batch_size=line.batch_size,
             keeps_left=True,

@@ -15,8 +15,9 @@ from typing import Any
 
 import redis
 
-from app.admission.ledger import held_key, records_key
+from app.admission.ledger import count_keys
 from app.admission.push import Pusher
+from app.admission.senders import queue_lists, waiting_messages
 from app.clock import utcnow
 from app.ids import new_id
 from app.local.embedded_redis import RedisServer
@@ -71,11 +72,12 @@ def measure_waiting(url: str, *, messages: int, batch_size: int = 1) -> dict[str
                 batch_size=batch_size,
                 business_nos=numbers,
             )
-        depth = int(client.llen(queue))
+        # One sender's records: past its fair share they wait on the queue's low list.
+        depth = waiting_messages(client, queue)
         after = _used_memory(client)
         sample = client.lindex(queue, 0)
         message_bytes = len(sample) if isinstance(sample, bytes) else 0
-        client.delete(queue, held_key(queue), records_key(queue))
+        client.delete(*queue_lists(queue), *count_keys(queue))
     return {
         "messages": depth,
         "records_per_message": batch_size,

@@ -76,15 +76,16 @@ def backdate(conn: Any, record_ids: list[str], at: datetime) -> None:
     )
 
 
-def new_record(line: str, business_no: str, *, now: datetime) -> NewRecord:
-    """A record of `line` as the intake would journal it, made at `now`."""
+def new_record(line: str, business_no: str, *, now: datetime, sender: str = "test") -> NewRecord:
+    """A record of `line` as the intake would journal it, made at `now`, signed by the key
+    id `sender`."""
     record_id = new_id(now)
     return NewRecord(
         id=record_id,
         line=line,
         business_no=business_no,
         source=Source.INTAKE,
-        dedup_key=f"test:{record_id}",
+        dedup_key=f"{sender}:{record_id}",
         body_sha256="0" * 64,
         payload={"business_no": business_no},
     )

@@ -7,7 +7,8 @@ import json
 
 import redis
 
-from app.admission.ledger import RELEASE, held_key, records_key
+from app.admission.ledger import RELEASE, count_keys
+from app.admission.senders import queue_lists
 
 
 def message_args(raw: bytes) -> object:
@@ -17,26 +18,30 @@ def message_args(raw: bytes) -> object:
 
 
 def queued_ids(client: redis.Redis, queue: str) -> list[str]:
-    """The record ids `queue`'s messages carry, oldest message first (a message carries
-    one, or a batch: see a line's `batch_size`)."""
+    """The record ids `queue`'s messages carry, in the order its workers take them: its
+    list, oldest message first, then its low list (senders past their fair share), the
+    same way (a message carries one, or a batch: see a line's `batch_size`)."""
     ids: list[str] = []
-    for raw in reversed(client.lrange(queue, 0, -1)):
-        args = message_args(raw)
-        ids.extend([args] if isinstance(args, str) else args)  # type: ignore[arg-type]
+    for listed in queue_lists(queue):
+        for raw in reversed(client.lrange(listed, 0, -1)):
+            args = message_args(raw)
+            ids.extend([args] if isinstance(args, str) else args)  # type: ignore[arg-type]
     return ids
 
 
 def take_and_ack(client: redis.Redis, queue: str) -> bytes | None:
-    """What a worker does with `queue`'s oldest message, at once: take it and ack it (its
-    records leave the line's count). The message, or None when the queue is empty."""
-    raw = client.rpop(queue)
-    if raw is None:
-        return None
-    tag = json.loads(raw)["properties"]["delivery_tag"]
-    client.eval(RELEASE, 2, held_key(queue), records_key(queue), tag)
-    return raw
+    """What a worker does with `queue`'s next message, at once: take it and ack it (its
+    records leave the line's counts). The message, or None when the queue is empty."""
+    for listed in queue_lists(queue):
+        raw = client.rpop(listed)
+        if raw is not None:
+            tag = json.loads(raw)["properties"]["delivery_tag"]
+            keys = count_keys(queue)
+            client.eval(RELEASE, len(keys), *keys, tag)
+            return raw
+    return None
 
 
 def empty_queue(client: redis.Redis, queue: str) -> None:
-    """Drop every message of `queue`, and its count with them (as a purge would)."""
-    client.delete(queue, held_key(queue), records_key(queue))
+    """Drop every message of `queue`, and its counts with them (as a purge would)."""
+    client.delete(*queue_lists(queue), *count_keys(queue))

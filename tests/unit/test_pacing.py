@@ -80,8 +80,8 @@ def test_no_more_than_max_waiting_wait_at_once():
 def test_only_lines_with_an_intake_rate_are_paced(monkeypatch):
     monkeypatch.setenv("PIPELINE_LINES__STATUS__INTAKE_RATE", "250")
     pacers = pacers_for(LineRegistry.from_settings(load_settings()), in_flight_limit=256)
-    assert list(pacers) == ["status"]
-    status = pacers["status"]
+    assert list(pacers.lines) == ["status"]
+    status = pacers.lines["status"]
     assert (status.interval, status.max_waiting) == (1 / 250, 64)
     assert status.tolerance == pytest.approx(24 / 250)  # a burst of 25: 0.1 s worth
 

@@ -145,6 +145,15 @@ function circuitNote(line) {
   return [el("dt", {}, "circuit"), el("dd", {class: open ? "nobody circuit-open" : "circuit"}, text)];
 }
 
+function sendersNote(line) {
+  // The senders with records queued, busiest first; those past the line's fair share wait
+  // behind every other sender's.
+  if (!line.senders || !line.senders.length) return [];
+  const items = line.senders.map((s) => el("li", {class: s.past_fair_share ? "past-share" : "", "data-sender": s.sender},
+    `${s.sender}: ${s.records}` + (s.past_fair_share ? ` (${s.past_fair_share} past the fair share of ${line.fair_share})` : "")));
+  return [el("dt", {}, "senders"), el("dd", {}, el("ul", {class: "senders", "aria-label": line.line + " senders with records queued"}, ...items))];
+}
+
 function lineCard(line) {
   const known = line.queue_depth !== null;
   const pct = known ? Math.min(100, 100 * line.queue_depth / line.max_queue_length) : 0;
@@ -176,7 +185,8 @@ function lineCard(line) {
       el("dt", {}, "stalled workers"), el("dd", {class: line.stalled_workers > 0 ? "nobody stalled" : "stalled"}, stalled),
       el("dt", {}, "oldest unfinished"), el("dd", {class: "oldest"}, age(line.oldest_unfinished_age_s)),
       el("dt", {}, "paused"), pausedNote,
-      ...circuitNote(line)),
+      ...circuitNote(line),
+      ...sendersNote(line)),
     countsList(line),
     chart(line.line),
     el("div", {class: "actions"}, button));

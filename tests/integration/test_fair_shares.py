@@ -1,0 +1,180 @@
+"""Fair shares within a line: a sender past its line's `fair_share` waits behind every
+sender within theirs, and a sender's own records still leave in the order it sent them."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import time
+
+import httpx
+import pytest
+
+from app.admission.ledger import Ledger
+from app.admission.senders import low_queue, sender_shares
+from app.clock import utcnow
+from app.journal.models import RecordStatus
+from app.wiring.runtime import Runtime
+from tests.support.downstream import Gauged
+from tests.support.harness import Harness, signed_headers
+from tests.support.journal import new_record
+from tests.support.messages import queued_ids, take_and_ack
+from tests.support.metrics import metric, samples
+
+pytestmark = pytest.mark.journal_independent
+
+SHARE = 10
+SECRET = "s" * 32
+
+
+def accept(rt: Runtime, sender: str, count: int, prefix: str) -> list[str]:
+    """`count` records of `order` from `sender`, committed and pushed in one group, one to
+    a message; their ids, oldest first."""
+    news = [new_record("order", f"{prefix}-{n}", now=utcnow(), sender=sender) for n in range(count)]
+    rt.acceptor.accept_many(news, clock=utcnow)
+    return [new.id for new in news]
+
+
+@pytest.fixture
+def rt(harness: Harness) -> Runtime:
+    harness.configure(lines__order__fair_share=str(SHARE), lines__order__batch_size="1")
+    return harness.runtime()
+
+
+def test_a_flooding_senders_records_wait_behind_a_sender_within_its_share(rt: Runtime) -> None:
+    flood = accept(rt, "shop-a", 50, "A")
+    late = accept(rt, "shop-b", 3, "B")
+
+    # What the workers take next: the flood's share, the other sender's records, then the
+    # rest of the flood, in the order it came.
+    assert queued_ids(rt.redis, "order") == flood[:SHARE] + late + flood[SHARE:]
+    assert rt.redis.llen(low_queue("order")) == 40
+    shares = {s.sender: s for s in sender_shares(rt.redis, "order")}
+    assert (shares["shop-a"].records, shares["shop-a"].past_share) == (50, 40)
+    assert (shares["shop-b"].records, shares["shop-b"].past_share) == (3, 0)
+    # The bound still counts every record of the line once.
+    assert rt.pusher.depth("order") == 53
+
+
+def test_a_sender_back_within_its_share_stays_behind_its_own_records_until_they_leave(
+    rt: Runtime,
+) -> None:
+    first = accept(rt, "shop-a", SHARE + 5, "A")
+    # The workers take and ack the share: 5 of the sender's records are left, all past it.
+    for _ in range(SHARE):
+        take_and_ack(rt.redis, "order")
+    assert queued_ids(rt.redis, "order") == first[SHARE:]
+
+    # Within its share again, but its records past it have not left: the new one waits
+    # behind them (its business number's records stay in the order they came).
+    second = accept(rt, "shop-a", 1, "A2")
+    assert rt.redis.llen(low_queue("order")) == 6
+    assert queued_ids(rt.redis, "order") == first[SHARE:] + second
+
+    # Once they have all left, the sender's next record is taken ahead again.
+    while take_and_ack(rt.redis, "order") is not None:
+        pass
+    assert sender_shares(rt.redis, "order") == []
+    flood = accept(rt, "shop-c", 30, "C")
+    third = accept(rt, "shop-a", 1, "A3")
+    assert queued_ids(rt.redis, "order") == flood[:SHARE] + third + flood[SHARE:]
+
+
+def test_a_lost_message_is_taken_out_of_its_senders_counts_by_the_scan(rt: Runtime) -> None:
+    accept(rt, "shop-a", SHARE + 2, "A")
+    # Both lists emptied by hand: the messages are gone, their counts are not yet.
+    rt.redis.delete("order", low_queue("order"))
+    time.sleep(0.01)  # the scan begins in a later millisecond than the push
+    ledger = Ledger(rt.redis)
+    seen = ledger.scan("order")
+    assert seen.ids == set()
+    # A scan forgets only messages pushed before it began.
+    assert ledger.forget_unseen("order", seen) == SHARE + 2
+    assert sender_shares(rt.redis, "order") == []
+    assert rt.pusher.depth("order") == 0
+
+
+def test_the_senders_named_are_the_busiest_and_the_rest_are_summed(rt: Runtime) -> None:
+    for n in range(12):
+        accept(rt, f"shop-{n:02}", n + 1, f"S{n}")
+    shares = sender_shares(rt.redis, "order", top=3)
+    assert [(s.sender, s.records) for s in shares] == [
+        ("shop-11", 12),
+        ("shop-10", 11),
+        ("shop-09", 10),
+        ("other", sum(range(1, 10))),
+    ]
+    assert shares[0].past_share == 12 - SHARE
+
+
+def test_lines_metrics_and_status_show_each_senders_records_and_what_waits_past_its_share(
+    harness: Harness, rt: Runtime
+) -> None:
+    accept(rt, "shop-a", SHARE + 30, "A")
+    accept(rt, "shop-b", 2, "B")
+    client = harness.start_intake()
+
+    order = next(
+        line for line in client.get("/v1/lines").json()["lines"] if line["line"] == "order"
+    )
+    assert order["fair_share"] == SHARE
+    assert order["senders"] == [
+        {"sender": "shop-a", "records": SHARE + 30, "past_fair_share": 30},
+        {"sender": "shop-b", "records": 2, "past_fair_share": 0},
+    ]
+    # Every message waiting, on both of the queue's lists.
+    assert order["queue_messages"] == SHARE + 32
+
+    found = samples(client.get("/metrics").text)
+    assert metric(found, "pipeline_sender_queue_depth", line="order", sender="shop-a") == SHARE + 30
+    assert metric(found, "pipeline_sender_past_fair_share", line="order", sender="shop-a") == 30
+    assert metric(found, "pipeline_sender_queue_depth", line="order", sender="shop-b") == 2
+
+    harness.env["COLUMNS"] = "300"  # one table row per line, however narrow the terminal
+    status = harness.run("status")
+    assert status.process is not None
+    assert status.process.wait(timeout=30) == 0, status.output()
+    assert f"shop-a={SHARE + 30} (30), shop-b=2" in status.output()
+
+
+FLOOD = 5_000
+LATE = 50
+
+
+def post_signed(client: httpx.Client, key_id: str, business_no: str) -> str:
+    """One order record signed by `key_id`; its id."""
+    body = json.dumps({"business_no": business_no}).encode()
+    answer = client.post("/v1/order", content=body, headers=signed_headers(key_id, SECRET, body))
+    assert answer.status_code == 202, answer.text
+    return str(answer.json()["id"])
+
+
+@pytest.mark.loads_machine
+def test_a_senders_records_are_all_done_while_another_senders_flood_mostly_waits(
+    harness: Harness,
+) -> None:
+    """Shop A posts 5,000 orders at once, then shop B posts 50, one every 100 ms, to the
+    same line with one worker: all of B's are done while more than half of A's wait."""
+    downstream = Gauged(delay_s=0.1).start()
+    try:
+        harness.configure(
+            intake_keys=json.dumps({"shop-a": SECRET, "shop-b": SECRET}),
+            lines__order__downstream_url=f"{downstream.url}/in",
+            # About 40 deliveries a second: A's flood takes minutes.
+            lines__order__deliveries_in_flight="4",
+        )
+        client = harness.start_intake()
+        harness.start_worker("order", pool=None, concurrency=None)
+        with concurrent.futures.ThreadPoolExecutor(16) as pool:
+            flood = set(pool.map(lambda n: post_signed(client, "shop-a", f"A-{n}"), range(FLOOD)))
+        late = set()
+        for n in range(LATE):
+            late.add(post_signed(client, "shop-b", f"B-{n}"))
+            time.sleep(0.1)
+        harness.wait_until_final(late, timeout_s=60)
+        statuses = harness.statuses()
+        assert {statuses[i] for i in late} == {RecordStatus.DONE.value}
+        flood_done = sum(1 for i in flood if statuses[i] == RecordStatus.DONE.value)
+        assert flood_done < FLOOD / 2, f"{flood_done} of A's {FLOOD} records were done first"
+    finally:
+        downstream.stop()
