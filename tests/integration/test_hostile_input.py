@@ -320,6 +320,20 @@ def test_a_chunked_body_past_the_limit_gets_413(harness, intake):
     assert harness.record_count() == 0
 
 
+def test_a_transfer_encoding_other_than_chunked_is_refused(harness, intake):
+    head = (
+        b"POST /v1/order HTTP/1.1\r\nHost: intake\r\nTransfer-Encoding: gzip\r\n"
+        + "".join(f"{k}: {v}\r\n" for k, v in signed_headers(KEY_ID, SECRET, BODY).items()).encode()
+        + b"\r\n"
+    )
+    answer = raw(intake, head + BODY)
+    # No framing the server can read: refused (by the HTTP parser, in plain text) before any
+    # body is taken, the connection closed, nothing stored.
+    assert status_of(answer) == 400, answer[:300]
+    assert b"connection: close" in answer.lower()
+    assert harness.record_count() == 0
+
+
 def test_a_client_sending_a_byte_a_second_is_cut_off_and_others_are_served(harness, intake):
     head = request_head(signed_headers(KEY_ID, SECRET, BODY), length=len(BODY))
     answers: list[bytes] = []
