@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import math
 import pkgutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -68,6 +69,13 @@ class Line:
         if self.table_sink:
             return TABLE_SINK_BATCH
         return min(HTTP_SINK_BATCH, self.settings.deliveries_in_flight) if self.http_sink else 1
+
+    @property
+    def sender_max(self) -> int:
+        """The most records one sender may have on the line's queue: its
+        `sender_queue_share` of the bound, one at least."""
+        settings = self.settings
+        return max(1, math.floor(settings.max_queue_length * settings.sender_queue_share))
 
     @property
     def http_sink(self) -> bool:

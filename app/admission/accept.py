@@ -228,6 +228,7 @@ class Acceptor:
                 traceparents=[r.traceparent for r in admitted],
                 senders=[r.sender for r in admitted],
                 fair_share=line.settings.fair_share,
+                sender_max=line.sender_max,
                 max_length=line.settings.max_queue_length,
                 batch_size=line.batch_size,
                 behind=defers,
@@ -238,7 +239,7 @@ class Acceptor:
             return [
                 Acceptance(record=r, status=RecordStatus.RECEIVED, created=True) for r in admitted
             ]
-        on_queue, overflow = admitted[: pushed.pushed], admitted[pushed.pushed :]
+        on_queue, overflow = pushed.split(admitted)
         enqueued.setdefault(pushed.epoch, []).extend(r.id for r in on_queue)
         outcomes = [
             Acceptance(record=r, status=RecordStatus.ENQUEUED, created=True) for r in on_queue
@@ -248,7 +249,9 @@ class Acceptor:
         # queue has room, and the line is catching up.
         catching_up = pushed.behind and pushed.depth < line.settings.max_queue_length
         if not catching_up:
-            self._alert_overflow(line, len(overflow), depth=pushed.depth, policy=policy)
+            self._alert_overflow(
+                line, len(overflow), depth=pushed.depth, policy=policy, senders=pushed.at_part
+            )
         if decision.transition is not TransitionEvent.DEFERRED:
             # A caller that stopped waiting was told `received`: its record is kept for the
             # sweeper, not refused or left for a caller to run.
@@ -284,18 +287,30 @@ class Acceptor:
         status = RecordStatus.DEFERRED if moved else RecordStatus.RECEIVED
         return [Acceptance(record=r, status=status, created=True) for r in admitted]
 
-    def _alert_overflow(self, line: Line, count: int, *, depth: int, policy: Overflow) -> None:
+    def _alert_overflow(
+        self, line: Line, count: int, *, depth: int, policy: Overflow, senders: Sequence[str]
+    ) -> None:
         """`QUEUE_FULL` (and `CALLER_RUNS` under that policy) for each of `count` records
-        that did not fit on `line`'s queue."""
+        that did not fit on `line`'s queue, or in their sender's part of it (`senders`)."""
+        bound = line.settings.max_queue_length
+        if senders:
+            named = ", ".join(repr(sender) for sender in senders)
+            message = (
+                f"queue {line.queue!r} is full for {named} ({line.sender_max} records each, "
+                f"of {depth}/{bound}); policy {policy.value}"
+            )
+        else:
+            message = f"queue {line.queue!r} is full ({depth}/{bound}); policy {policy.value}"
+        extra = {"senders": ", ".join(senders), "sender_limit": line.sender_max} if senders else {}
         for _ in range(count):
             self.alerts.raise_event(
                 Event.QUEUE_FULL,
                 line=line.name,
-                message=f"queue {line.queue!r} is full ({depth}/"
-                f"{line.settings.max_queue_length}); policy {policy.value}",
+                message=message,
                 depth=depth,
-                limit=line.settings.max_queue_length,
+                limit=bound,
                 policy=policy.value,
+                **extra,
             )
             if policy is Overflow.CALLER_RUNS:
                 self.alerts.raise_event(

@@ -16,6 +16,7 @@ import socket
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import redis
 from opentelemetry.trace import Tracer
@@ -31,11 +32,19 @@ from app.admission.senders import (
     senders_key,
     waiting_messages,
 )
-from app.admission.waiting import BEHIND_KEY, LEAVING_EXPIRY_MS, LEAVING_KEY, Waiting
+from app.admission.waiting import (
+    BEHIND_KEY,
+    LEAVING_EXPIRY_MS,
+    LEAVING_KEY,
+    SENDERS_BEHIND_KEY,
+    Waiting,
+)
 from app.config.line_settings import DEFAULT_FAIR_SHARE
 from app.config.redis import as_text
 from app.errors import BrokerUnavailable
 from app.telemetry.tracing import NO_TRACER
+
+T = TypeVar("T")
 
 # The one task every line's worker runs; its queue tells the line.
 TASK_NAME = "pipeline.process"
@@ -47,58 +56,92 @@ TASK_NAME = "pipeline.process"
 EPOCH_KEY = "pipeline:epoch"
 
 # KEYS[1]: the queue, KEYS[2]: the epoch key, KEYS[3]: the queue's behind key, KEYS[4]: its
-# leaving set (`app.admission.waiting`), KEYS[5]: its held hash, KEYS[6]: its records
-# counter (`app.admission.ledger`), KEYS[7]: its senders' counts, KEYS[8]: theirs on the low
-# list, KEYS[9]: the low list (`app.admission.senders`). ARGV[1]: the bound in records,
-# ARGV[2]: an epoch to use if none exists, ARGV[3]: "1" to push nothing while the behind
-# key exists, ARGV[4]: a token to record in the leaving set if records are left out ("" for
-# none), ARGV[5]: its expiry in ms, ARGV[6]: a sender's fair share in records, ARGV[7..]:
-# for each message in turn its delivery tag, its record count, its sender and itself,
-# pushed in order while its records fit under the bound.
-# Returns {messages pushed, records after, epoch, 1 if nothing was pushed for the behind key}.
+# leaving set, KEYS[5]: its senders behind (`app.admission.waiting`), KEYS[6]: its held
+# hash, KEYS[7]: its records counter (`app.admission.ledger`), KEYS[8]: its senders'
+# counts, KEYS[9]: theirs on the low list, KEYS[10]: the low list (`app.admission.senders`).
+# ARGV[1]: the bound in records, ARGV[2]: an epoch to use if none exists, ARGV[3]: "1" to
+# push nothing while the behind key exists, nor a sender's records while it is behind,
+# ARGV[4]: a token to record in the leaving set if records are left out ("" for none),
+# ARGV[5]: its expiry in ms, ARGV[6]: a sender's fair share in records, ARGV[7]: the most
+# records one sender may have on the line, ARGV[8..]: for each message in turn its delivery
+# tag, its record count, its sender and itself.
+# Messages are pushed in order while their records fit under the bound and under their
+# sender's part of it; once one of a sender's messages is left out, so are its later ones
+# (a sender's records keep their order), and once the bound leaves one out, so are all
+# later ones (the line's). A sender left out at its part is marked behind; the line, when
+# the bound left them out.
+# Returns {messages pushed, records after, epoch, 1 if any was left out only to wait behind
+# older records, "1"/"0" per message: pushed or not, the senders left out at their part}.
 _PUSH_BOUNDED = """
 local epoch = redis.call('GET', KEYS[2])
 if not epoch then
     epoch = ARGV[2]
     redis.call('SET', KEYS[2], epoch)
 end
-local depth = tonumber(redis.call('GET', KEYS[6]) or '0')
-local behind = 0
+local depth = tonumber(redis.call('GET', KEYS[7]) or '0')
+local behind, line_behind = 0, 0
 local room = tonumber(ARGV[1]) - depth
-if ARGV[3] == '1' and redis.call('EXISTS', KEYS[3]) == 1 then
-    behind = 1
+local keeps_order = ARGV[3] == '1'
+if keeps_order and redis.call('EXISTS', KEYS[3]) == 1 then
+    behind, line_behind = 1, 1
     room = 0
 end
-local share = tonumber(ARGV[6])
+local share, most = tonumber(ARGV[6]), tonumber(ARGV[7])
 local now = redis.call('TIME')
 local now_ms = now[1] * 1000 + math.floor(now[2] / 1000)
-local pushed, records = 0, 0
-for i = 7, #ARGV, 4 do
-    local n = tonumber(ARGV[i + 1])
-    if records + n > room then break end
-    local sender = ARGV[i + 2]
-    local had = redis.call('HINCRBY', KEYS[7], sender, n)
-    local low = 0
-    if had > share or redis.call('HEXISTS', KEYS[8], sender) == 1 then
-        low = 1
-        redis.call('HINCRBY', KEYS[8], sender, n)
-        redis.call('LPUSH', KEYS[9], ARGV[i + 3])
-    else
-        redis.call('LPUSH', KEYS[1], ARGV[i + 3])
+local pushed, records, full = 0, 0, false
+local flags, left, at_part = {}, {}, {}
+for i = 8, #ARGV, 4 do
+    local n, sender = tonumber(ARGV[i + 1]), ARGV[i + 2]
+    local take, why = false, nil
+    if not full and not left[sender] then
+        local fits = tonumber(redis.call('HGET', KEYS[8], sender) or '0') + n <= most
+        if records + n > room then
+            full, why = true, 'full'
+        elseif not fits then
+            at_part[#at_part + 1] = sender
+            why = 'part'
+        elseif keeps_order and redis.call('HEXISTS', KEYS[5], sender) == 1 then
+            -- It would fit: it waits only to keep its sender's order.
+            behind, why = 1, 'behind'
+        else
+            take = true
+        end
     end
-    redis.call('HSET', KEYS[5], ARGV[i], n .. ',' .. now_ms .. ',' .. low .. ',' .. sender)
-    pushed = pushed + 1
-    records = records + n
+    if take then
+        local had = redis.call('HINCRBY', KEYS[8], sender, n)
+        local low = 0
+        if had > share or redis.call('HEXISTS', KEYS[9], sender) == 1 then
+            low = 1
+            redis.call('HINCRBY', KEYS[9], sender, n)
+            redis.call('LPUSH', KEYS[10], ARGV[i + 3])
+        else
+            redis.call('LPUSH', KEYS[1], ARGV[i + 3])
+        end
+        redis.call('HSET', KEYS[6], ARGV[i], n .. ',' .. now_ms .. ',' .. low .. ',' .. sender)
+        pushed = pushed + 1
+        records = records + n
+        flags[#flags + 1] = '1'
+    else
+        left[sender] = left[sender] or why or 'full'
+        flags[#flags + 1] = '0'
+    end
 end
-if records > 0 then redis.call('INCRBY', KEYS[6], records) end
-if ARGV[4] ~= '' and pushed < (#ARGV - 6) / 4 then
+if records > 0 then redis.call('INCRBY', KEYS[7], records) end
+if ARGV[4] ~= '' and pushed < #flags then
     redis.call('ZADD', KEYS[4], now_ms + tonumber(ARGV[5]), ARGV[4])
-    if behind == 0 then
-        -- The bound left them out: newer records must wait behind them.
+    if full and line_behind == 0 then
+        -- The bound left them out: newer records of the line must wait behind them.
         redis.call('SET', KEYS[3], ARGV[4])
     end
+    for sender, why in pairs(left) do
+        if why == 'part' then
+            -- Left out at its part: its newer records wait behind them.
+            redis.call('HSET', KEYS[5], sender, ARGV[4])
+        end
+    end
 end
-return {pushed, depth + records, epoch, behind}
+return {pushed, depth + records, epoch, behind, table.concat(flags), at_part}
 """
 
 _CURRENT_EPOCH = """
@@ -109,16 +152,29 @@ return redis.call('GET', KEYS[1])
 
 @dataclass(frozen=True, kw_only=True)
 class PushResult:
-    """How many of the records went onto the queue (the first `pushed`), its depth in
-    messages, the epoch they were pushed in, and whether none was pushed because older
-    records of the line wait in the journal (`behind`). `leaving`: the token to give
-    `Waiting.left_kept` once the records left out are kept in the journal."""
+    """How many of the records went onto the queue (`pushed`; which ones: `taken`, one
+    flag per record, all of them when empty), the queue's depth in records after, the
+    epoch they were pushed in, and whether some were left out only to wait behind older
+    records in the journal (`behind`: the line's, or their sender's). `at_part`: the
+    senders some of whose records were left out at their part of the bound. `leaving`: the
+    token to give `Waiting.left_kept` once the records left out are kept in the journal."""
 
     pushed: int
     depth: int
     epoch: str
     behind: bool = False
     leaving: str | None = None
+    taken: tuple[bool, ...] = ()
+    at_part: tuple[str, ...] = ()
+
+    def split(self, items: Sequence[T]) -> tuple[list[T], list[T]]:
+        """`items` (one per record pushed, in order) cut into those pushed and those left
+        out, each in order."""
+        if not self.taken:
+            return list(items[: self.pushed]), list(items[self.pushed :])
+        pushed = [item for item, taken in zip(items, self.taken, strict=True) if taken]
+        left = [item for item, taken in zip(items, self.taken, strict=True) if not taken]
+        return pushed, left
 
 
 # The message header that carries a traceparent per traced record of the message,
@@ -308,20 +364,26 @@ class Pusher:
         keeps_left: bool = False,
         senders: Sequence[str] | None = None,
         fair_share: int = DEFAULT_FAIR_SHARE,
+        sender_max: int | None = None,
         business_nos: Sequence[str] | None = None,
         traceparents: Sequence[str | None] | None = None,
     ) -> PushResult:
         """Push the messages of `record_ids` onto `queue`, `batch_size` records to a
         message, in order while their records fit: the queue never holds more than
-        `max_length` records (`app.admission.ledger`). `pushed` counts records.
+        `max_length` records (`app.admission.ledger`), nor one sender more than
+        `sender_max` of them. `pushed` counts records, `taken` says which (see
+        `PushResult.split`): a sender at its part is left out from its first message left
+        out, the line from the first message the bound leaves out.
 
         `behind`: new records, which push nothing while older ones of the line wait in the
-        journal. `keeps_left`: the caller keeps what is not pushed in the journal, to be
-        pushed later (`deferred`, `failed`): newer records then wait behind it, and the
-        caller gives `leaving` to `self.waiting.left_kept` once its journal says so.
-        `senders`: each record's sender (`Record.sender`; all
-        `UNNAMED` when None): a message carries one sender's records, and goes on the queue's
-        low list once its sender has more than `fair_share` records on the line.
+        journal, nor a sender's while older ones of that sender wait there.
+        `keeps_left`: the caller keeps what is not pushed in the journal, to be pushed later
+        (`deferred`, `failed`): newer records (of the line when the bound left them out, of
+        their sender otherwise) then wait behind it, and the caller gives `leaving` to
+        `self.waiting.left_kept` once its journal says so. `senders`: each record's sender
+        (`Record.sender`; all `UNNAMED` when None): a message carries one sender's records,
+        and goes on the queue's low list once its sender has more than `fair_share` records
+        on the line.
         `business_nos`: the records' business numbers, in the order of `record_ids`, which
         each message names beside its line (see `build_message`). `traceparents`: the
         records' traceparents, in that order (None for an untraced one): with tracing on,
@@ -353,12 +415,13 @@ class Pusher:
             messages += (tag, 1 if isinstance(arg, str) else len(arg), of_message[n], message)
         token = uuid.uuid4().hex if keeps_left else ""
         try:
-            pushed, depth, epoch, waiting = self._script(
+            pushed, depth, epoch, waiting, flags, at_part = self._script(
                 keys=[
                     queue,
                     EPOCH_KEY,
                     BEHIND_KEY.format(queue=queue),
                     LEAVING_KEY.format(queue=queue),
+                    SENDERS_BEHIND_KEY.format(queue=queue),
                     held_key(queue),
                     records_key(queue),
                     senders_key(queue),
@@ -372,20 +435,28 @@ class Pusher:
                     token,
                     LEAVING_EXPIRY_MS,
                     fair_share,
+                    max_length if sender_max is None else sender_max,
                     *messages,
                 ],
             )
         except redis.RedisError as exc:
-            spans.finish(record_ids, pushed=0, error=f"{type(exc).__name__}: {exc}")
+            failed = [False] * len(record_ids)
+            spans.finish(record_ids, pushed=failed, error=f"{type(exc).__name__}: {exc}")
             raise BrokerUnavailable(f"push to {queue!r} failed: {exc}") from exc
-        records = sum(1 if isinstance(arg, str) else len(arg) for arg in args[: int(pushed)])
-        spans.finish(record_ids, pushed=records)
+        taken = tuple(
+            flag == "1"
+            for flag, size in zip(as_text(flags), sizes, strict=True)
+            for _ in range(size)
+        )
+        spans.finish(record_ids, pushed=taken)
         return PushResult(
-            pushed=records,
+            pushed=sum(taken),
             depth=int(depth),
             epoch=as_text(epoch),
             behind=bool(waiting),
             leaving=token if token and int(pushed) < len(args) else None,
+            taken=taken,
+            at_part=tuple(dict.fromkeys(as_text(sender) for sender in at_part)),
         )
 
     def epoch(self) -> str:

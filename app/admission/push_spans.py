@@ -52,14 +52,16 @@ class PushSpans:
         }
         return found or None
 
-    def finish(self, record_ids: Sequence[str], *, pushed: int, error: str | None = None) -> None:
-        """End the spans: the first `pushed` of `record_ids` went onto the queue; the rest
-        were left out by the bound, or by `error` (the push failed)."""
-        for n, record_id in enumerate(record_ids):
+    def finish(
+        self, record_ids: Sequence[str], *, pushed: Sequence[bool], error: str | None = None
+    ) -> None:
+        """End the spans: each of `record_ids` went onto the queue or not (`pushed`, one
+        flag each): left out by the bound, or by `error` (the push failed)."""
+        for record_id, went in zip(record_ids, pushed, strict=True):
             span = self._spans.pop(record_id, None)
             if span is None:
                 continue
-            span.set_attribute("pipeline.pushed", n < pushed)
+            span.set_attribute("pipeline.pushed", went)
             if error is not None:
                 span.set_status(StatusCode.ERROR, error)
             span.end()

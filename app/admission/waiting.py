@@ -1,32 +1,40 @@
 """Records of a line waiting in the journal: what keeps new records from overtaking them.
 
-Three Redis keys per queue:
+Four Redis keys per queue:
 - the *behind* key exists while records left out by a full queue wait in the journal
   (`deferred`, or `failed` and put back). Its value names the push that last left some. A
   push of new records (`Pusher.push(behind=True)`) pushes nothing while it exists: the new
   records are deferred too, behind the older ones.
+- the *senders behind* hash names each sender some of whose records were left out (at its
+  part of the bound, `app.admission.senders`), by the push that first left some: a push of
+  new records pushes none of that sender's while it is there, and the other senders' as
+  usual.
 - the *leaving* set holds a token for each push that left records whose move in the journal
   is not committed yet (with an expiry, in case its process dies before it says so).
 - the *turn* key, a lock: one pass (a sweep of the line, or the intake's drain) at a time
   claims and pushes the line's waiting records, so that two cannot push them out of order.
 
-A pass that finds nothing of the line left in the journal removes the behind key, unless a
-push left records since the pass began or a leaving move is still being committed."""
+A pass that finds nothing of the line left in the journal removes the behind key and the
+senders behind, unless a push left records since the pass began (each as it was when the
+pass began) or a leaving move is still being committed."""
 
 from __future__ import annotations
 
 import contextlib
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 
 import redis
 
+from app.admission.senders import senders_key
 from app.config.redis import as_text
 from app.errors import BrokerUnavailable
 
 BEHIND_KEY = "pipeline:behind:{queue}"
+SENDERS_BEHIND_KEY = "pipeline:behind-senders:{queue}"
 LEAVING_KEY = "pipeline:leaving:{queue}"
 TURN_KEY = "pipeline:turn:{queue}"
 
@@ -39,23 +47,40 @@ PASS_LOCK_MS = 30_000
 PASS_WAIT_S = 2.0
 PASS_POLL_S = 0.01
 
-# KEYS[1]: the behind key, KEYS[2]: the leaving set. ARGV[1]: the behind key's value read
-# before the pass began ("" for none). Returns 1 when new records are free to be pushed.
+# KEYS[1]: the behind key, KEYS[2]: the leaving set, KEYS[3]: the senders behind. ARGV[1]:
+# the behind key's value read before the pass began ("" for none), ARGV[2..]: each sender
+# behind then and its value. Returns 1 when new records are free to be pushed.
 _SETTLE = """
 local now = redis.call('TIME')
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now[1] * 1000 + math.floor(now[2] / 1000))
 if redis.call('ZCARD', KEYS[2]) > 0 then return 0 end
+local free = 1
+for i = 2, #ARGV, 2 do
+    if redis.call('HGET', KEYS[3], ARGV[i]) == ARGV[i + 1] then
+        redis.call('HDEL', KEYS[3], ARGV[i])
+    end
+end
+if redis.call('HLEN', KEYS[3]) > 0 then free = 0 end
 local current = redis.call('GET', KEYS[1])
-if not current then return 1 end
+if not current then return free end
 if current ~= ARGV[1] then return 0 end
 redis.call('DEL', KEYS[1])
-return 1
+return free
 """
 
 _RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end
 return 1
 """
+
+
+@dataclass(frozen=True, kw_only=True)
+class Mark:
+    """What a pass read before it began: the behind key's value ("" when there was none)
+    and each sender behind, with its value."""
+
+    behind: str
+    senders: dict[str, str] = field(default_factory=dict)
 
 
 class Waiting:
@@ -66,23 +91,46 @@ class Waiting:
         self._settle = client.register_script(_SETTLE)
         self._release = client.register_script(_RELEASE)
 
-    def mark(self, queue: str) -> str:
-        """The behind key's value now ("" when there is none): what `settle` compares."""
+    def mark(self, queue: str) -> Mark:
+        """The behind key's value and the senders behind now: what `settle` compares.
+        Raises `BrokerUnavailable`."""
         try:
-            value = self._client.get(BEHIND_KEY.format(queue=queue))
+            with self._client.pipeline(transaction=True) as pipe:
+                pipe.get(BEHIND_KEY.format(queue=queue))
+                pipe.hgetall(SENDERS_BEHIND_KEY.format(queue=queue))
+                value, senders = pipe.execute()
         except redis.RedisError as exc:
             raise BrokerUnavailable(f"reading {queue!r}'s waiting mark failed: {exc}") from exc
-        return "" if value is None else as_text(value)
+        return Mark(
+            behind="" if value is None else as_text(value),
+            senders={as_text(k): as_text(v) for k, v in senders.items()},
+        )
 
-    def settle(self, queue: str, *, mark: str) -> bool:
+    def settle(self, queue: str, *, mark: Mark) -> bool:
         """Free new records of `queue` to be pushed: called by a pass that found nothing of
-        the line waiting, with the `mark` read before it began. Whether they are free.
-        Raises `BrokerUnavailable`."""
-        keys = [BEHIND_KEY.format(queue=queue), LEAVING_KEY.format(queue=queue)]
+        the line waiting, with the `mark` read before it began. Whether they are free (all
+        of them: the line's and every sender's). Raises `BrokerUnavailable`."""
+        keys = [
+            BEHIND_KEY.format(queue=queue),
+            LEAVING_KEY.format(queue=queue),
+            SENDERS_BEHIND_KEY.format(queue=queue),
+        ]
+        pairs = [item for pair in mark.senders.items() for item in pair]
         try:
-            return bool(self._settle(keys=keys, args=[mark]))
+            return bool(self._settle(keys=keys, args=[mark.behind, *pairs]))
         except redis.RedisError as exc:
             raise BrokerUnavailable(f"settling {queue!r} failed: {exc}") from exc
+
+    def rooms_behind(self, queue: str, senders: Sequence[str], *, most: int) -> dict[str, int]:
+        """How many more records each of `senders` may have on `queue` under its part
+        (`most` records). Raises `BrokerUnavailable`."""
+        if not senders:
+            return {}
+        try:
+            counts = self._client.hmget(senders_key(queue), list(senders))
+        except redis.RedisError as exc:
+            raise BrokerUnavailable(f"reading {queue!r}'s senders failed: {exc}") from exc
+        return {s: max(0, most - int(c or 0)) for s, c in zip(senders, counts, strict=True)}
 
     def keep_behind(self, queue: str) -> None:
         """Keep new records of `queue` behind those waiting in the journal until a pass

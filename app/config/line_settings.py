@@ -42,6 +42,15 @@ class LineSettings(BaseModel):
         description="records in the line's Redis queue (named after the line), waiting or held "
         "by a worker until it acks, however many messages carry them; never exceeded",
     )
+    sender_queue_share: float = Field(
+        default=0.8,
+        gt=0,
+        le=1,
+        description="the part of `MAX_QUEUE_LENGTH` one sender's records may take: past it, "
+        "that sender's records overflow (by the line's policy) while the other senders' "
+        "still go on the queue (see [Senders and fair shares]"
+        "(operating.md#senders-and-fair-shares))",
+    )
     fair_share: int = Field(
         default=DEFAULT_FAIR_SHARE,
         ge=1,

@@ -14,11 +14,13 @@ from sqlalchemy import (
     ColumnElement,
     Connection,
     and_,
+    func,
     or_,
     select,
     update,
 )
 
+from app.ids import SEPARATOR
 from app.journal.dbclock import db_time, db_time_at
 from app.journal.guards import guard
 from app.journal.models import Record, RecordStatus, records
@@ -40,6 +42,28 @@ def set_epoch(
     return result.rowcount
 
 
+@dataclasses.dataclass(frozen=True)
+class Senders:
+    """Which senders' records a claim takes: `only` that one's (with `room`: how many more
+    of its records its part of the bound takes), else every sender's but `skipping`'s."""
+
+    skipping: Sequence[str] = ()
+    only: str | None = None
+    room: int | None = None
+
+    def terms(self) -> list[ColumnElement[bool]]:
+        """The `WHERE` terms: a sender is its records' dedup key's namespace (compared
+        exactly: SQLite's LIKE ignores case)."""
+        if self.only is not None:
+            return [_namespace_is(self.only)]
+        return [~_namespace_is(sender) for sender in self.skipping]
+
+
+def _namespace_is(sender: str) -> ColumnElement[bool]:
+    prefix = sender + SEPARATOR
+    return func.substr(records.c.dedup_key, 1, len(prefix)) == prefix
+
+
 def claim_due(
     conn: Connection,
     *,
@@ -48,6 +72,7 @@ def claim_due(
     received_grace_s: float,
     epoch: str,
     limit: int,
+    senders: Senders | None = None,
 ) -> list[Record]:
     """Claim, oldest first, the records of `line` that should be put on its queue, none of
     them in flight (a live lease): `received` ones unchanged for the grace period,
@@ -57,6 +82,8 @@ def claim_due(
     runnable ones whose attempt's lease expired without an outcome (its worker died, or
     its outcome could not be written). They become `enqueued` with no epoch until pushed.
     Times are compared on the database's clock (`app.journal.dbclock`).
+
+    `senders`: only one sender's records, or every sender's but some (see `Senders`).
 
     Returns those claimed, as they were before. Safe with concurrent sweepers: the rows
     are locked (`FOR UPDATE SKIP LOCKED` on PostgreSQL; SQLite serialises writers) and
@@ -84,9 +111,10 @@ def claim_due(
         ),
         lease_expired,
     )
+    picked = [] if senders is None else senders.terms()
     query = (
         select(records)
-        .where(records.c.line == line, due, *guard(Event.SWEPT, now=now))
+        .where(records.c.line == line, due, *picked, *guard(Event.SWEPT, now=now))
         .order_by(records.c.id)
         .limit(limit)
     )

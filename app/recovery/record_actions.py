@@ -300,6 +300,7 @@ class RecordActions:
                 business_nos=[r.business_no for r in claimed],
                 senders=[r.sender for r in claimed],
                 fair_share=line.settings.fair_share,
+                sender_max=line.sender_max,
                 max_length=line.settings.max_queue_length,
                 batch_size=line.batch_size,
                 keeps_left=True,
@@ -309,7 +310,7 @@ class RecordActions:
             with self.journal.transaction("retry") as conn:
                 store.move(conn, ids, Event.NOT_PUSHED, now=now)
             return 0, len(ids)
-        pushed, left = ids[: outcome.pushed], ids[outcome.pushed :]
+        pushed, left = outcome.split(ids)
         try:
             with self.journal.transaction("retry") as conn:
                 claims.set_epoch(conn, pushed, epoch=outcome.epoch)

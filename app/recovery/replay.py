@@ -352,12 +352,12 @@ class Replayer:
                 business_nos=[r.business_no for r in ours],
                 senders=[r.sender for r in ours],
                 fair_share=line.settings.fair_share,
+                sender_max=line.sender_max,
                 max_length=line.settings.max_queue_length,
                 batch_size=line.batch_size,
                 keeps_left=True,
             )
-            pushed = [r.id for r in ours[: outcome.pushed]]
-            left = [r.id for r in ours[outcome.pushed :]]
+            pushed, left = outcome.split([r.id for r in ours])
             if left or outcome.epoch != epoch:
                 try:
                     with self.journal.transaction() as conn:

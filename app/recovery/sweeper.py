@@ -19,6 +19,7 @@ from app.admission.pause import PausedLines
 from app.admission.push import Pusher
 from app.errors import BrokerUnavailable
 from app.journal import claims
+from app.journal.claims import Senders
 from app.journal.journal import Journal
 from app.journal.models import Record, RecordStatus
 from app.lines import Line, LineRegistry
@@ -103,8 +104,11 @@ class Sweeper:
 
     def _sweep_line(self, line: Line, *, epoch: str, now: datetime, result: SweepResult) -> None:
         """One pass over `line`, oldest first, while its queue has room; no other pass over
-        the line runs meanwhile (two would push its records out of order). A pass that finds
-        nothing of the line left to push lets its new records be pushed directly again."""
+        the line runs meanwhile (two would push its records out of order). The records of
+        the senders behind (left out at their part of the bound) come after the others',
+        each sender's oldest first and only as far as its part has room, so that a sender
+        at its part holds up no other's. A pass that finds nothing of the line left to push
+        lets its new records be pushed directly again."""
         if self.paused is not None and self.paused.is_paused(line.name):
             return  # what waits keeps its place: newer records stay behind it
         waiting = self.pusher.waiting
@@ -112,29 +116,64 @@ class Sweeper:
             if not ours:
                 return  # the pass under way does it
             mark = waiting.mark(line.queue)
-            budget = self.max_per_run
-            while budget > 0:
-                room = line.settings.max_queue_length - self.pusher.depth(line.queue)
-                limit = min(room, budget, self.batch_limit)
-                if limit <= 0:
-                    return
-                with self.journal.transaction() as conn:
-                    claimed = claims.claim_due(
-                        conn,
-                        line=line.name,
-                        now=now,
-                        received_grace_s=self.received_grace_s,
-                        epoch=epoch,
-                        limit=limit,
-                    )
-                if not claimed:
-                    waiting.settle(line.queue, mark=mark)
-                    return
-                budget -= len(claimed)
-                pushed = push_claimed(self.journal, self.pusher, line, claimed, now=now)
-                _count(result, line.name, pushed, epoch=epoch)
-                if len(pushed) < len(claimed):
-                    return  # the queue filled up meanwhile
+            budget = [self.max_per_run]
+            behind = sorted(mark.senders)
+            finished = self._push_due(
+                line, epoch=epoch, now=now, result=result, budget=budget, senders=Senders(behind)
+            )
+            rooms = waiting.rooms_behind(line.queue, behind, most=line.sender_max)
+            for sender in behind:
+                finished &= self._push_due(
+                    line,
+                    epoch=epoch,
+                    now=now,
+                    result=result,
+                    budget=budget,
+                    senders=Senders(only=sender, room=rooms[sender]),
+                )
+            if finished:
+                waiting.settle(line.queue, mark=mark)
+
+    def _push_due(
+        self,
+        line: Line,
+        *,
+        epoch: str,
+        now: datetime,
+        result: SweepResult,
+        budget: list[int],
+        senders: Senders,
+    ) -> bool:
+        """Claim and push the due records `senders` picks, oldest first, while the queue
+        (and the sender's part) has room and `budget` (records this pass may still push,
+        shared by its steps) lasts. Whether it found nothing more of them to push."""
+        pushed_all = 0
+        while budget[0] > 0:
+            room = line.settings.max_queue_length - self.pusher.depth(line.queue)
+            if senders.room is not None:
+                room = min(room, senders.room - pushed_all)
+            limit = min(room, budget[0], self.batch_limit)
+            if limit <= 0:
+                return False
+            with self.journal.transaction() as conn:
+                claimed = claims.claim_due(
+                    conn,
+                    line=line.name,
+                    now=now,
+                    received_grace_s=self.received_grace_s,
+                    epoch=epoch,
+                    limit=limit,
+                    senders=senders,
+                )
+            if not claimed:
+                return True
+            budget[0] -= len(claimed)
+            pushed = push_claimed(self.journal, self.pusher, line, claimed, now=now)
+            pushed_all += len(pushed)
+            _count(result, line.name, pushed, epoch=epoch)
+            if len(pushed) < len(claimed):
+                return False  # the queue, or the sender's part, filled up meanwhile
+        return False
 
 
 def push_claimed(
@@ -150,6 +189,7 @@ def push_claimed(
             traceparents=[r.traceparent for r in claimed],
             senders=[r.sender for r in claimed],
             fair_share=line.settings.fair_share,
+            sender_max=line.sender_max,
             max_length=line.settings.max_queue_length,
             batch_size=line.batch_size,
             keeps_left=True,
@@ -158,7 +198,7 @@ def push_claimed(
         with journal.transaction() as conn:
             claims.put_back(conn, claimed, now=now)
         raise
-    pushed, left = claimed[: outcome.pushed], claimed[outcome.pushed :]
+    pushed, left = outcome.split(claimed)
     try:
         with journal.transaction() as conn:
             claims.set_epoch(conn, [r.id for r in pushed], epoch=outcome.epoch)

@@ -43,7 +43,9 @@ def test_status_page_shows_lines_alerts_and_a_dry_run_replay(harness, browser, a
     harness.configure(
         admin_token=ADMIN_TOKEN,
         lines__refund__max_queue_length="40",
+        lines__refund__sender_queue_share="1",
         lines__status__max_queue_length="3",
+        lines__status__sender_queue_share="1",
     )
     client = harness.start_intake()
     # No workers: what is posted stays queued. Refund fills to 30 of 40.

@@ -22,6 +22,7 @@ def test_a_killed_workers_messages_come_back_without_passing_the_bound(harness, 
     log = use_runs_log(harness, tmp_path)
     harness.configure(
         lines__order__max_queue_length=str(BOUND),
+        lines__order__sender_queue_share="1",
         lines__order__batch_size="1",
         visibility_timeout_seconds="10",
     )

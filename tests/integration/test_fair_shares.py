@@ -137,6 +137,88 @@ def test_lines_metrics_and_status_show_each_senders_records_and_what_waits_past_
     assert f"shop-a={SHARE + 30} (30), shop-b=2" in status.output()
 
 
+def test_a_sender_past_its_part_of_the_bound_defers_its_own_records_and_not_the_others(
+    harness: Harness,
+) -> None:
+    # A bound of 50, 30 of them for any one sender.
+    harness.configure(
+        lines__order__max_queue_length="50",
+        lines__order__sender_queue_share="0.6",
+        lines__order__fair_share=str(SHARE),
+        lines__order__batch_size="1",
+    )
+    rt = harness.runtime()
+    flood = accept(rt, "shop-a", 45, "A")
+    late = accept(rt, "shop-b", 5, "B")
+
+    statuses = harness.statuses()
+    assert [statuses[i] for i in flood] == ["enqueued"] * 30 + ["deferred"] * 15
+    # The line has room: the other sender's records go on the queue.
+    assert [statuses[i] for i in late] == ["enqueued"] * 5
+    assert rt.pusher.depth("order") == 35
+
+    # Workers take ten of shop A's: it is under its part again, but its new record waits
+    # behind its own deferred ones (its order), while shop B's still go on.
+    for _ in range(SHARE):
+        take_and_ack(rt.redis, "order")
+    (again,) = accept(rt, "shop-a", 1, "A-again")
+    (other,) = accept(rt, "shop-b", 1, "B-again")
+    statuses = harness.statuses()
+    assert (statuses[again], statuses[other]) == ("deferred", "enqueued")
+
+    # A pass pushes shop A's deferred records, oldest (by id) first, up to its part.
+    deferred = sorted(flood[30:])
+    rt.sweeper.drain("order", now=utcnow())
+    assert queued_ids(rt.redis, "order")[-10:] == deferred[:10]
+    assert {harness.statuses()[i] for i in deferred[10:]} == {"deferred"}
+
+    # Once every record waiting in the journal is on the queue, shop A's new records go
+    # straight on again.
+    while take_and_ack(rt.redis, "order") is not None:
+        pass
+    rt.sweeper.drain("order", now=utcnow())
+    assert queued_ids(rt.redis, "order") == [*deferred[10:], again]
+    rt.sweeper.drain("order", now=utcnow())  # finds nothing waiting: frees new records
+    (last,) = accept(rt, "shop-a", 1, "A-last")
+    assert harness.statuses()[last] == "enqueued"
+
+    # The overflow was loud: a QUEUE_FULL naming the sender, though the queue had room.
+    assert rt.alerts.flush(timeout_s=5)
+    client = harness.start_intake()
+    (full,) = [a for a in client.get("/v1/alerts").json()["alerts"] if a["event"] == "QUEUE_FULL"]
+    assert "'shop-a'" in full["message"]
+    assert full["figures"]["senders"] == "shop-a"
+    assert full["figures"]["sender_limit"] == 30
+
+
+def test_a_pass_pushes_other_senders_waiting_records_past_a_sender_at_its_part(
+    harness: Harness,
+) -> None:
+    harness.configure(
+        lines__order__max_queue_length="50",
+        lines__order__sender_queue_share="0.6",
+        lines__order__batch_size="1",
+    )
+    rt = harness.runtime()
+    # 30 on the queue, 30 deferred: at its part, with more deferred than the line has room
+    # (20), so that a pass claiming the oldest first would claim only shop A's.
+    flood = accept(rt, "shop-a", 60, "A")
+    # Shop B's records, journaled after shop A's and not pushed (Redis did not answer,
+    # say): `received`, for the sweeper once the grace period is over.
+    news = [new_record("order", f"B-{n}", now=utcnow(), sender="shop-b") for n in range(3)]
+    rt.acceptor.journal_many(news, clock=utcnow)
+    time.sleep(1.1)  # the harness's grace period: 1 s
+
+    rt.sweeper.sweep(now=utcnow())
+
+    statuses = harness.statuses()
+    assert [statuses[new.id] for new in news] == ["enqueued"] * 3
+    assert queued_ids(rt.redis, "order")[-3:] == sorted(new.id for new in news)
+    # Shop A's, older, were not even claimed: its part has no room.
+    assert {statuses[i] for i in flood[30:]} == {"deferred"}
+    assert rt.pusher.depth("order") == 33
+
+
 FLOOD = 5_000
 LATE = 50
 

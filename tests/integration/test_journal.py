@@ -70,7 +70,11 @@ def test_the_same_dedup_key_is_stored_once(harness):
 
 def test_sweeper_pushes_old_received_records_oldest_first_within_the_bound(harness, redis_url):
     # One record to a message: the bound of 3 messages is then 3 records.
-    harness.configure(lines__order__max_queue_length="3", lines__order__batch_size="1")
+    harness.configure(
+        lines__order__max_queue_length="3",
+        lines__order__batch_size="1",
+        lines__order__sender_queue_share="1",
+    )
     rt = harness.runtime()
     old = datetime.now(UTC) - timedelta(minutes=5)
     ids = []

@@ -83,6 +83,7 @@ OVER_BOUND = {"reject": (429, "rejected"), "defer": (202, "deferred")}
 def test_the_bound_holds_across_two_intakes_behind_a_load_balancer(harness, tmp_path, policy):
     harness.configure(
         lines__order__max_queue_length=str(BOUND),
+        lines__order__sender_queue_share="1",
         lines__order__overflow=policy,
         lines__order__batch_size="1",  # one record to a message: the bound counts records
     )

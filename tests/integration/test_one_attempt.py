@@ -51,7 +51,11 @@ def test_a_second_message_and_a_replay_never_start_a_second_run_of_a_record_in_f
 def test_a_record_the_intake_runs_under_caller_runs_is_not_swept_onto_a_worker(harness, tmp_path):
     log = use_runs_log(harness, tmp_path)
     # Room for the two records the workers hold (counted until acked) and one waiting.
-    harness.configure(lines__order__overflow="caller_runs", lines__order__max_queue_length="3")
+    harness.configure(
+        lines__order__overflow="caller_runs",
+        lines__order__max_queue_length="3",
+        lines__order__sender_queue_share="1",
+    )
     client = harness.start_intake()
     harness.start_worker("order", pool="prefork", concurrency=2)
     harness.start_beat()  # its sweeper pushes `received` records past their grace period

@@ -71,6 +71,7 @@ def test_bound_holds_under_32_concurrent_producers(harness, policy):
     # bound with several records to a message).
     harness.configure(
         lines__order__max_queue_length=str(BOUND),
+        lines__order__sender_queue_share="1",
         lines__order__overflow=policy,
         lines__order__batch_size="1",
         # Every answer from its push, however loaded the machine: a request whose push

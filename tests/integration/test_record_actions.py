@@ -184,7 +184,11 @@ def test_bulk_cancel_dry_run_counts_and_writes_nothing_the_real_run_pages_and_au
 
 
 def test_bulk_retry_pushes_within_the_bound_and_defers_the_rest(harness):
-    harness.configure(lines__order__max_queue_length="2", lines__order__batch_size="1")
+    harness.configure(
+        lines__order__max_queue_length="2",
+        lines__order__batch_size="1",
+        lines__order__sender_queue_share="1",
+    )
     rt = harness.runtime()
     dead = journal_records(
         rt, [{"business_no": f"R-{n}"} for n in range(3)], line="order", status=RecordStatus.DEAD

@@ -235,7 +235,11 @@ def test_replay_over_many_pages_pushes_oldest_first_and_defers_what_the_bound_le
     """Pages are claimed ahead of the push of the page before them (on PostgreSQL): the
     pushes keep the journal's order, and what the queue's bound leaves waits `deferred`."""
     monkeypatch.setattr(replay, "PAGE_SIZE", 2)  # seven records: four pages
-    harness.configure(lines__refund__max_queue_length="4", lines__refund__batch_size="1")
+    harness.configure(
+        lines__refund__max_queue_length="4",
+        lines__refund__batch_size="1",
+        lines__refund__sender_queue_share="1",
+    )
     rt = harness.runtime()
     # In the journal's order (ids made in one millisecond do not sort as they were made).
     ids = sorted(journal_dead(rt, "refund", [{"business_no": f"P-{n}"} for n in range(7)]))
