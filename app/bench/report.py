@@ -80,6 +80,7 @@ def rows(figures: dict[str, Any]) -> list[tuple[str, str, str, str]]:
             )
         )
     found += _delivery_rows(figures)
+    found += _fair_shares_rows(figures)
     replay = figures.get("replay")
     if replay:
         found.append(
@@ -195,6 +196,39 @@ def _delivery_rows(figures: dict[str, Any]) -> list[tuple[str, str, str, str]]:
                 )
             )
     return found
+
+
+def _fair_shares_rows(figures: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """Shop B's orders beside shop A's flood on the same line, each beside itself alone."""
+    shares = figures.get("fair_shares")
+    if not shares:
+        return []
+    alone, beside = shares["b_alone"], shares["b_beside_a"]
+    flood, late = shares["flood_records"], shares["late_records"]
+    waiting = ", ".join(f"{n:,}" for n in shares["a_not_done_when_b_began"])
+    rounds = shares["rounds"]
+    of = f"{rounds} rounds; " if rounds > 1 else ""
+    return [
+        (
+            f"fair shares: shop B's {late} orders one every {shares['late_interval_ms']} ms, "
+            f"intake → done, after shop A posted {flood:,} at once ({of}fair share "
+            f"{shares['fair_share']}; of A's, {waiting} not done when B began; target: p99 "
+            "at most 2x alone)",
+            _latencies(beside) + f" · max {beside['max_ms']:.1f} ms",
+            "B alone: " + _latencies(alone) + f" · max {alone['max_ms']:.1f} ms",
+            _ratio(beside["p99_ms"], alone["p99_ms"]),
+        ),
+        (
+            f"fair shares: shop A's {flood:,} orders at once, first post → last done, "
+            f"beside shop B's {late} ("
+            + (f"the median of {rounds} rounds; " if rounds > 1 else "")
+            + "target: at most 10 % lower than alone)",
+            f"{shares['a_beside_b_records_per_s']:,.0f} records/s "
+            f"({shares['a_change_pct']:+.1f} %)",
+            f"A alone: {shares['a_alone_records_per_s']:,.0f} records/s",
+            _ratio(shares["a_beside_b_records_per_s"], shares["a_alone_records_per_s"]),
+        ),
+    ]
 
 
 def _journal_rows(figures: dict[str, Any]) -> list[tuple[str, str, str, str]]:

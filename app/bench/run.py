@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 from sqlalchemy import select
 
-from app.bench import delivery, end_to_end, journal_scenarios
+from app.bench import delivery, end_to_end, fair_shares, journal_scenarios
 from app.bench.journal_scenarios import fill_journal
 from app.bench.load import Request, prepare_wrk, run_load, run_prepared_wrk, run_wrk
 from app.bench.procs import RssSampler
@@ -113,6 +113,9 @@ class Bench(BenchStack):
 
     def delivery(self) -> None:
         delivery.delivery(self)
+
+    def fair_shares(self) -> None:
+        fair_shares.fair_shares(self)
 
     def replay(self) -> None:
         rows = self.sizes.replay_rows
@@ -355,6 +358,7 @@ SCENARIOS = (
     "intake",
     "end_to_end",
     "delivery",
+    "fair_shares",
     "replay",
     "polled",
     "retention",

@@ -37,6 +37,13 @@ from app.local.processes import Child, Children, app_cli, free_port, listening, 
 
 # "bench" itself names the records the benchmark writes straight into its journal.
 KEY_ID, SECRET = "bench-client", "bench-secret-of-16-bytes"
+# Two more senders (a sender is an intake key id), for the fair shares scenario.
+SHOP_A, SHOP_B = "shop-a", "shop-b"
+INTAKE_KEYS = {
+    KEY_ID: SECRET,
+    SHOP_A: "shop-a-secret-of-16-bytes",
+    SHOP_B: "shop-b-secret-of-16-bytes",
+}
 # Big enough that no scenario meets the bound: the bench measures the normal path.
 BENCH_BOUND = 5_000_000
 POOL = ("prefork", 2)
@@ -60,6 +67,11 @@ class Sizes:
     journal_rows: int
     # Records delivered to the downstream, at each of its delays.
     delivery: int
+    # Fair shares: shop A's records posted at once, shop B's, one every 100 ms, and the
+    # rounds of its three runs.
+    fair_shares_flood: int
+    fair_shares_late: int
+    fair_shares_rounds: int
 
     @classmethod
     def for_run(cls, *, quick: bool) -> Sizes:
@@ -73,6 +85,9 @@ class Sizes:
                 isolation_s=3,
                 journal_rows=20_000,
                 delivery=200,
+                fair_shares_flood=1_000,
+                fair_shares_late=20,
+                fair_shares_rounds=1,
             )
         return cls(
             intake_s=10,
@@ -84,19 +99,23 @@ class Sizes:
             isolation_s=15,
             journal_rows=1_000_000,
             delivery=2_000,
+            fair_shares_flood=5_000,
+            fair_shares_late=50,
+            fair_shares_rounds=3,
         )
 
 
-def signed_request(line: str, tag: str, body: dict[str, Any]) -> Request:
+def signed_request(line: str, tag: str, body: dict[str, Any], *, key_id: str = KEY_ID) -> Request:
+    """A request posting `body` to `line`, signed with `key_id`'s secret (its sender)."""
     raw = json.dumps(body).encode()
     ts = str(int(time.time()))
     nonce = f"{tag}-{body['business_no']}"
     headers = {
         "content-type": "application/json",
-        "x-key-id": KEY_ID,
+        "x-key-id": key_id,
         "x-timestamp": ts,
         "x-nonce": nonce,
-        "x-signature": sign(SECRET, timestamp=ts, nonce=nonce, body=raw),
+        "x-signature": sign(INTAKE_KEYS[key_id], timestamp=ts, nonce=nonce, body=raw),
     }
     return ("POST", f"/v1/{line}", headers, raw)
 
@@ -199,7 +218,7 @@ class BenchStack:
         env.update(
             PIPELINE_REDIS_URL=self.redis_url,
             PIPELINE_DATABASE_URL=self.database_url,
-            PIPELINE_INTAKE_KEYS=json.dumps({KEY_ID: SECRET}),
+            PIPELINE_INTAKE_KEYS=json.dumps(INTAKE_KEYS),
             PIPELINE_LINES__ORDER__MAX_QUEUE_LENGTH=str(BENCH_BOUND),
             PIPELINE_LINES__STATUS__MAX_QUEUE_LENGTH=str(BENCH_BOUND),
             PIPELINE_LINES__REFUND__MAX_QUEUE_LENGTH=str(BENCH_BOUND),

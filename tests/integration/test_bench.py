@@ -21,6 +21,8 @@ ROWS = [
     "end to end, one record",
     "delivery: 200 records to a downstream answering in 20 ms",
     "delivery at the same process count, 20 ms",
+    "fair shares: shop B's 20 orders one every 100 ms",
+    "fair shares: shop A's 1,000 orders at once",
     "replay:",
     "intake beside 8 pollers",
     "retention: ",
@@ -120,6 +122,7 @@ def test_quick_bench_completes_and_prints_every_row(harness, tmp_path):
             assert run[figure] > 0, (figure, run)
         assert run["concurrency"] >= 1
         assert run["batch_size"] >= 1
+    _check_fair_shares(figures["fair_shares"])
     assert figures["replay"]["enqueued"] == figures["replay"]["rows"] == 20_000
     replayed = figures["replay"]["cpu_ms_per_record"]
     assert set(replayed) == {"replay", "redis", "postgres"}, replayed
@@ -169,6 +172,49 @@ def test_quick_error_search_finds_every_rare_record(harness, tmp_path):
         if row.startswith("error search: "):
             assert row in done.stdout, f"{row!r} missing from:\n{done.stdout}"
     _check_error_search(figures["error_search"], rows=20_000)
+
+
+# Floods the intake and a worker for a few seconds, three times over.
+@pytest.mark.loads_machine
+@pytest.mark.timeout(240)
+def test_quick_fair_shares_measures_both_senders(harness, tmp_path):
+    """`pipeline bench --quick --scenario fair_shares` on a journal of its own: its two rows,
+    and figures for both senders, alone and together."""
+    saved = tmp_path / "bench.json"
+    env = {k: v for k, v in harness.env.items() if not k.startswith("PIPELINE_")}
+    done = subprocess.run(
+        [PIPELINE, "bench", "--quick", "--scenario", "fair_shares", "--save", str(saved)],
+        env={**env, "COLUMNS": "200"},
+        capture_output=True,
+        text=True,
+        timeout=210,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    figures = json.loads(saved.read_text())
+    assert len(rows(figures)) == 2
+    for row in ROWS:
+        if row.startswith("fair shares: "):
+            assert row in done.stdout, f"{row!r} missing from:\n{done.stdout}"
+    _check_fair_shares(figures["fair_shares"])
+
+
+def _check_fair_shares(shares: dict[str, Any]) -> None:
+    """The fair shares scenario's figures in a quick run: every record of both senders
+    measured, and each figure a positive number (how fast is not looked at)."""
+    assert shares["fair_share"] == 100  # the line's default
+    assert (shares["flood_records"], shares["late_records"], shares["rounds"]) == (1_000, 20, 1)
+    for name in ("b_alone", "b_beside_a"):
+        latencies = shares[name]
+        assert latencies["records"] == 20, (name, shares)
+        assert 0 < latencies["p50_ms"] <= latencies["p99_ms"] <= latencies["max_ms"], (name, shares)
+    for name in ("b_p99_ratio", "a_alone_records_per_s", "a_beside_b_records_per_s"):
+        assert shares[name] > 0, (name, shares)
+    assert shares["a_change_pct"] > -100, shares  # A's rate beside B is above 0
+    for name in ("a_alone_posted_s", "a_beside_b_posted_s"):
+        assert len(shares[name]) == 1, (name, shares)
+        assert shares[name][0] > 0, (name, shares)
+    assert 0 <= shares["a_not_done_when_b_began"][0] <= 1_000, shares
 
 
 def _check_error_search(search: dict[str, Any], *, rows: int) -> None:
