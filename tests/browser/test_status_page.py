@@ -74,6 +74,8 @@ def test_status_page_shows_lines_alerts_and_a_dry_run_replay(harness, browser, a
     status = text_of(browser, '#lines [data-line="status"]')
     assert "deferred 2" in status
     assert "live workers\n0" in refund
+    # Its one sender (dev mode's unsigned requests), within its fair share.
+    assert text_of(browser, '#lines [data-line="refund"] .senders [data-sender="dev"]') == "dev: 30"
     # The alerts name records and actors: they wait for the admin token.
     wait(browser, lambda d: "admin token" in d.find_element(By.ID, "alerts").text, "a token ask")
     enter_token(browser, ADMIN_TOKEN)
