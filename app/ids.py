@@ -47,8 +47,10 @@ SCHEDULE = "schedule"
 DEV = "dev"
 # Names the pipeline writes, or may write, keys under: beat's fires, dev mode's unsigned
 # requests, the benchmark's records (`bench:<n>`, written straight into its journal), and
-# replay (a record source).
-RESERVED = frozenset({SCHEDULE, DEV, "bench", "replay"})
+# replay (a record source); and the names a line's senders are shown under besides their
+# own (`app.admission.senders`: the rest of them, and records pushed without one).
+OTHER_SENDERS, UNNAMED = "other", "unnamed"
+RESERVED = frozenset({SCHEDULE, DEV, "bench", "replay", OTHER_SENDERS, UNNAMED})
 # An intake key id is sent in X-Key-Id and stored in the key; the nonce has the same bound.
 MAX_KEY_ID_LENGTH = 128
 # A shorter HMAC secret is guessable offline from one signed request.

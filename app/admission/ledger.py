@@ -109,6 +109,23 @@ return released
 """
 )
 
+# KEYS as RELEASE. Rebuilds the senders' counts (KEYS[3], KEYS[4]) from the held hash.
+RECOUNT = """
+local held = redis.call('HGETALL', KEYS[1])
+local counts, lows = {}, {}
+for i = 2, #held, 2 do
+    local n, at, low, sender = string.match(held[i], '^(%d+),(%d+),(%d),(.*)$')
+    if n then
+        counts[sender] = (counts[sender] or 0) + tonumber(n)
+        if low == '1' then lows[sender] = (lows[sender] or 0) + tonumber(n) end
+    end
+end
+redis.call('DEL', KEYS[3], KEYS[4])
+for sender, n in pairs(counts) do redis.call('HSET', KEYS[3], sender, n) end
+for sender, n in pairs(lows) do redis.call('HSET', KEYS[4], sender, n) end
+return 1
+"""
+
 _BODY = re.compile(rb'"body": ?"([A-Za-z0-9+/=]*)"')
 _TAG = re.compile(rb'"delivery_tag": ?"([^"]*)"')
 
@@ -161,6 +178,7 @@ class Ledger:
     def __init__(self, client: redis.Redis) -> None:
         self._client = client
         self._forget = client.register_script(FORGET)
+        self._recount = client.register_script(RECOUNT)
 
     def records(self, queue: str) -> int:
         """Records waiting on `queue` or held by its workers. Raises `BrokerUnavailable`."""
@@ -218,6 +236,23 @@ class Ledger:
         except redis.RedisError as exc:
             raise BrokerUnavailable(f"recounting {queue!r} failed: {exc}") from exc
         return released
+
+    def recount_senders(self, queue: str) -> bool:
+        """Rebuild `queue`'s counts per sender from its held messages when their sum is not
+        the line's count (every step changes both, so only a release that missed them can
+        make them differ: an ack by a worker of a version without them). Whether it did.
+        Reads every held entry, in one script, only then. Raises `BrokerUnavailable`."""
+        try:
+            with self._client.pipeline(transaction=True) as pipe:
+                pipe.hvals(senders_key(queue))
+                pipe.get(records_key(queue))
+                counts, records = pipe.execute()
+            if sum(int(n) for n in counts) == int(records or 0):
+                return False
+            self._recount(keys=count_keys(queue))
+        except redis.RedisError as exc:
+            raise BrokerUnavailable(f"recounting {queue!r}'s senders failed: {exc}") from exc
+        return True
 
 
 def _chunks(items: list[str], size: int) -> Iterable[list[str]]:

@@ -24,7 +24,6 @@ from opentelemetry.trace import Tracer
 from app.admission.ledger import Ledger, held_key, records_key
 from app.admission.push_spans import PushSpans
 from app.admission.senders import (
-    UNNAMED,
     SenderShare,
     low_queue,
     low_senders_key,
@@ -42,6 +41,7 @@ from app.admission.waiting import (
 from app.config.line_settings import DEFAULT_FAIR_SHARE
 from app.config.redis import as_text
 from app.errors import BrokerUnavailable
+from app.ids import UNNAMED
 from app.telemetry.tracing import NO_TRACER
 
 T = TypeVar("T")

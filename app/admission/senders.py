@@ -30,6 +30,7 @@ import redis
 
 from app.config.redis import as_text
 from app.errors import BrokerUnavailable
+from app.ids import OTHER_SENDERS
 
 SENDERS_KEY = "pipeline:senders:{queue}"
 LOW_SENDERS_KEY = "pipeline:senders-low:{queue}"
@@ -37,11 +38,8 @@ LOW_SENDERS_KEY = "pipeline:senders-low:{queue}"
 # last its consumer reads (its default steps are 0, 3, 6, 9).
 PRIORITY_SEPARATOR = "\x06\x16"
 LOW_PRIORITY = 9
-# The sender of records pushed without one named.
-UNNAMED = "unnamed"
 # The senders `/v1/lines` and `/metrics` name one by one; the rest are summed as `other`.
 TOP_SENDERS = 10
-OTHER = "other"
 
 
 def senders_key(queue: str) -> str:
@@ -105,7 +103,7 @@ def sender_shares(client: redis.Redis, queue: str, *, top: int = TOP_SENDERS) ->
         return shares
     rest = shares[top:]
     other = SenderShare(
-        sender=OTHER,
+        sender=OTHER_SENDERS,
         records=sum(s.records for s in rest),
         past_share=sum(s.past_share for s in rest),
     )

@@ -5,18 +5,19 @@ Four Redis keys per queue:
   (`deferred`, or `failed` and put back). Its value names the push that last left some. A
   push of new records (`Pusher.push(behind=True)`) pushes nothing while it exists: the new
   records are deferred too, behind the older ones.
-- the *senders behind* hash names each sender some of whose records were left out (at its
-  part of the bound, `app.admission.senders`), by the push that first left some: a push of
-  new records pushes none of that sender's while it is there, and the other senders' as
-  usual.
+- the *senders behind* hash names each sender some of whose records were left out at its
+  part of the bound (`app.admission.senders`), by the push that last left some there: a
+  push of new records pushes none of that sender's while it is there, and the other
+  senders' as usual.
 - the *leaving* set holds a token for each push that left records whose move in the journal
   is not committed yet (with an expiry, in case its process dies before it says so).
 - the *turn* key, a lock: one pass (a sweep of the line, or the intake's drain) at a time
   claims and pushes the line's waiting records, so that two cannot push them out of order.
 
-A pass that finds nothing of the line left in the journal removes the behind key and the
-senders behind, unless a push left records since the pass began (each as it was when the
-pass began) or a leaving move is still being committed."""
+A pass that finds nothing left in the journal of the senders not behind removes the behind
+key, and each sender behind of whose records it finds nothing left, that sender; unless a
+push left records since the pass began (each is compared with its value when the pass
+began) or a leaving move is still being committed."""
 
 from __future__ import annotations
 
@@ -48,24 +49,27 @@ PASS_WAIT_S = 2.0
 PASS_POLL_S = 0.01
 
 # KEYS[1]: the behind key, KEYS[2]: the leaving set, KEYS[3]: the senders behind. ARGV[1]:
-# the behind key's value read before the pass began ("" for none), ARGV[2..]: each sender
-# behind then and its value. Returns 1 when new records are free to be pushed.
+# "1" when the pass found nothing waiting of the senders not behind (the behind key may
+# go), ARGV[2]: the behind key's value read before the pass began ("" for none),
+# ARGV[3..]: each sender behind then of whose records the pass found none waiting, and its
+# value then. Each goes unless a push left records since the pass began (a new value), or
+# a leaving move is not committed yet. Returns 1 when new records are all free to be pushed.
 _SETTLE = """
 local now = redis.call('TIME')
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now[1] * 1000 + math.floor(now[2] / 1000))
 if redis.call('ZCARD', KEYS[2]) > 0 then return 0 end
-local free = 1
-for i = 2, #ARGV, 2 do
+for i = 3, #ARGV, 2 do
     if redis.call('HGET', KEYS[3], ARGV[i]) == ARGV[i + 1] then
         redis.call('HDEL', KEYS[3], ARGV[i])
     end
 end
-if redis.call('HLEN', KEYS[3]) > 0 then free = 0 end
 local current = redis.call('GET', KEYS[1])
-if not current then return free end
-if current ~= ARGV[1] then return 0 end
-redis.call('DEL', KEYS[1])
-return free
+if current and ARGV[1] == '1' and current == ARGV[2] then
+    redis.call('DEL', KEYS[1])
+    current = false
+end
+if current or redis.call('HLEN', KEYS[3]) > 0 then return 0 end
+return 1
 """
 
 _RELEASE = """
@@ -106,18 +110,29 @@ class Waiting:
             senders={as_text(k): as_text(v) for k, v in senders.items()},
         )
 
-    def settle(self, queue: str, *, mark: Mark) -> bool:
-        """Free new records of `queue` to be pushed: called by a pass that found nothing of
-        the line waiting, with the `mark` read before it began. Whether they are free (all
-        of them: the line's and every sender's). Raises `BrokerUnavailable`."""
+    def settle(
+        self,
+        queue: str,
+        *,
+        mark: Mark,
+        line: bool = True,
+        senders: Sequence[str] | None = None,
+    ) -> bool:
+        """Free new records of `queue` to be pushed, with the `mark` read before the pass
+        began: the line's (`line`: the pass found nothing waiting of the senders not behind)
+        and those of each of `senders` (behind, and the pass found nothing of theirs
+        waiting; None: every sender of `mark`). Whether they are all free. Raises
+        `BrokerUnavailable`."""
         keys = [
             BEHIND_KEY.format(queue=queue),
             LEAVING_KEY.format(queue=queue),
             SENDERS_BEHIND_KEY.format(queue=queue),
         ]
-        pairs = [item for pair in mark.senders.items() for item in pair]
+        done = mark.senders if senders is None else {s: mark.senders[s] for s in senders}
+        pairs = [item for pair in done.items() for item in pair]
+        args = ["1" if line else "0", mark.behind, *pairs]
         try:
-            return bool(self._settle(keys=keys, args=[mark.behind, *pairs]))
+            return bool(self._settle(keys=keys, args=args))
         except redis.RedisError as exc:
             raise BrokerUnavailable(f"settling {queue!r} failed: {exc}") from exc
 

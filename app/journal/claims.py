@@ -82,12 +82,44 @@ def claim_due(
     runnable ones whose attempt's lease expired without an outcome (its worker died, or
     its outcome could not be written). They become `enqueued` with no epoch until pushed.
     Times are compared on the database's clock (`app.journal.dbclock`).
-
     `senders`: only one sender's records, or every sender's but some (see `Senders`).
 
     Returns those claimed, as they were before. Safe with concurrent sweepers: the rows
     are locked (`FOR UPDATE SKIP LOCKED` on PostgreSQL; SQLite serialises writers) and
     every update is guarded by the status it was read in."""
+    query = (
+        select(records)
+        .where(
+            *_due(line, now=now, received_grace_s=received_grace_s, epoch=epoch, senders=senders)
+        )
+        .order_by(records.c.id)
+        .limit(limit)
+    )
+    if conn.dialect.name == "postgresql":
+        query = query.with_for_update(skip_locked=True)
+    found = [Record.from_row(row) for row in conn.execute(query)]
+    claimed = set(claim_as_enqueued(conn, found, Event.SWEPT, now=now))
+    return [record for record in found if record.id in claimed]
+
+
+def any_due(
+    conn: Connection,
+    *,
+    line: str,
+    now: datetime,
+    received_grace_s: float,
+    epoch: str,
+    senders: Senders | None = None,
+) -> bool:
+    """Whether `claim_due` would claim anything (given room), claiming nothing."""
+    terms = _due(line, now=now, received_grace_s=received_grace_s, epoch=epoch, senders=senders)
+    return conn.execute(select(records.c.id).where(*terms).limit(1)).first() is not None
+
+
+def _due(
+    line: str, *, now: datetime, received_grace_s: float, epoch: str, senders: Senders | None
+) -> list[ColumnElement[bool]]:
+    """The `WHERE` terms of `claim_due`."""
     lease_expired = and_(
         records.c.lease_expires_at.is_not(None),
         records.c.lease_expires_at <= db_time(now),
@@ -112,17 +144,7 @@ def claim_due(
         lease_expired,
     )
     picked = [] if senders is None else senders.terms()
-    query = (
-        select(records)
-        .where(records.c.line == line, due, *picked, *guard(Event.SWEPT, now=now))
-        .order_by(records.c.id)
-        .limit(limit)
-    )
-    if conn.dialect.name == "postgresql":
-        query = query.with_for_update(skip_locked=True)
-    found = [Record.from_row(row) for row in conn.execute(query)]
-    claimed = set(claim_as_enqueued(conn, found, Event.SWEPT, now=now))
-    return [record for record in found if record.id in claimed]
+    return [records.c.line == line, due, *picked, *guard(Event.SWEPT, now=now)]
 
 
 def _unrun_since(epoch: str, *, now: datetime, quiet_s: float) -> list[ColumnElement[bool]]:

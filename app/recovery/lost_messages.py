@@ -84,6 +84,8 @@ class LostMessages:
         if self.paused is not None and self.paused.is_paused(line.name):
             return 0
         ledger = self.pusher.ledger
+        if ledger.recount_senders(line.queue):
+            log.warning("sender_counts_corrected", line=line.name)
         with self.journal.reading() as conn:
             suspects = claims.waiting_suspects(
                 conn, line=line.name, epoch=epoch, now=now, quiet_s=self.quiet_s, limit=1

@@ -116,23 +116,23 @@ class Sweeper:
             if not ours:
                 return  # the pass under way does it
             mark = waiting.mark(line.queue)
-            budget = [self.max_per_run]
             behind = sorted(mark.senders)
-            finished = self._push_due(
-                line, epoch=epoch, now=now, result=result, budget=budget, senders=Senders(behind)
-            )
             rooms = waiting.rooms_behind(line.queue, behind, most=line.sender_max)
-            for sender in behind:
-                finished &= self._push_due(
-                    line,
-                    epoch=epoch,
-                    now=now,
-                    result=result,
-                    budget=budget,
-                    senders=Senders(only=sender, room=rooms[sender]),
+            steps = [Senders(skipping=behind)]
+            steps += [Senders(only=sender, room=rooms[sender]) for sender in behind]
+            budget, finished = self.max_per_run, []
+            for senders in steps:
+                done, claimed = self._push_due(
+                    line, epoch=epoch, now=now, result=result, budget=budget, senders=senders
                 )
-            if finished:
-                waiting.settle(line.queue, mark=mark)
+                budget -= claimed
+                finished.append(done)
+            # Each step that found nothing left frees its new records: the line's (the
+            # senders not behind), or one sender's.
+            cleared = [s.only for s, done in zip(steps[1:], finished[1:], strict=True) if done]
+            if finished[0] or cleared:
+                senders_done = [sender for sender in cleared if sender is not None]
+                waiting.settle(line.queue, mark=mark, line=finished[0], senders=senders_done)
 
     def _push_due(
         self,
@@ -141,20 +141,30 @@ class Sweeper:
         epoch: str,
         now: datetime,
         result: SweepResult,
-        budget: list[int],
+        budget: int,
         senders: Senders,
-    ) -> bool:
+    ) -> tuple[bool, int]:
         """Claim and push the due records `senders` picks, oldest first, while the queue
-        (and the sender's part) has room and `budget` (records this pass may still push,
-        shared by its steps) lasts. Whether it found nothing more of them to push."""
-        pushed_all = 0
-        while budget[0] > 0:
+        (and the sender's part) has room and `budget` (records this pass may still claim)
+        lasts. Whether it found nothing more of them to push, and how many it claimed."""
+        pushed_all = claimed_all = 0
+        while claimed_all < budget:
             room = line.settings.max_queue_length - self.pusher.depth(line.queue)
             if senders.room is not None:
                 room = min(room, senders.room - pushed_all)
-            limit = min(room, budget[0], self.batch_limit)
+            limit = min(room, budget - claimed_all, self.batch_limit)
             if limit <= 0:
-                return False
+                # No room: finished only if nothing of them is waiting at all.
+                with self.journal.reading("sweeping") as conn:
+                    waits = claims.any_due(
+                        conn,
+                        line=line.name,
+                        now=now,
+                        received_grace_s=self.received_grace_s,
+                        epoch=epoch,
+                        senders=senders,
+                    )
+                return not waits, claimed_all
             with self.journal.transaction() as conn:
                 claimed = claims.claim_due(
                     conn,
@@ -166,14 +176,14 @@ class Sweeper:
                     senders=senders,
                 )
             if not claimed:
-                return True
-            budget[0] -= len(claimed)
+                return True, claimed_all
+            claimed_all += len(claimed)
             pushed = push_claimed(self.journal, self.pusher, line, claimed, now=now)
             pushed_all += len(pushed)
             _count(result, line.name, pushed, epoch=epoch)
             if len(pushed) < len(claimed):
-                return False  # the queue, or the sender's part, filled up meanwhile
-        return False
+                return False, claimed_all  # the queue, or the sender's part, filled up
+        return False, claimed_all
 
 
 def push_claimed(

@@ -12,8 +12,13 @@ from typing import Any
 import pytest
 
 from app.bench.report import ERROR_SEARCH_DRY_RUN, ERROR_SEARCHES, rows
+from app.bench.run import SCENARIOS
 
 PIPELINE = str(Path(sys.executable).with_name("pipeline"))
+FAIR_SHARES_ROWS = [
+    "fair shares: shop B's 20 orders one every 100 ms",
+    "fair shares: shop A's 1,000 orders at once",
+]
 ROWS = [
     "intake: signed, journaled, bounded",
     "intake beside a bare 202-only endpoint",
@@ -21,8 +26,6 @@ ROWS = [
     "end to end, one record",
     "delivery: 200 records to a downstream answering in 20 ms",
     "delivery at the same process count, 20 ms",
-    "fair shares: shop B's 20 orders one every 100 ms",
-    "fair shares: shop A's 1,000 orders at once",
     "replay:",
     "intake beside 8 pollers",
     "retention: ",
@@ -51,16 +54,9 @@ def test_quick_bench_completes_and_prints_every_row(harness, tmp_path):
             "the bench makes a fresh SQLite journal)"
         )
     saved = tmp_path / "bench.json"
-    env = {k: v for k, v in harness.env.items() if not k.startswith("PIPELINE_")}
-    done = subprocess.run(
-        [PIPELINE, "bench", "--quick", "--database-url", database, "--save", str(saved)],
-        env={**env, "COLUMNS": "200"},
-        capture_output=True,
-        text=True,
-        timeout=420,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    # Every scenario but fair shares, which has a test of its own (below).
+    scenarios = [arg for s in SCENARIOS if s != "fair_shares" for arg in ("--scenario", s)]
+    done = quick_bench(harness, saved, *scenarios, "--database-url", database, timeout_s=420)
     table = done.stdout
     for row in ROWS:
         assert row in table, f"{row!r} missing from:\n{table}"
@@ -122,7 +118,6 @@ def test_quick_bench_completes_and_prints_every_row(harness, tmp_path):
             assert run[figure] > 0, (figure, run)
         assert run["concurrency"] >= 1
         assert run["batch_size"] >= 1
-    _check_fair_shares(figures["fair_shares"])
     assert figures["replay"]["enqueued"] == figures["replay"]["rows"] == 20_000
     replayed = figures["replay"]["cpu_ms_per_record"]
     assert set(replayed) == {"replay", "redis", "postgres"}, replayed
@@ -148,24 +143,33 @@ def test_quick_bench_completes_and_prints_every_row(harness, tmp_path):
     print("\n" + table)
 
 
+def quick_bench(
+    harness, saved: Path, *args: str, timeout_s: float
+) -> subprocess.CompletedProcess[str]:
+    """`pipeline bench --quick ARGS --save SAVED`, run to its end (checked: exit 0), with
+    none of the harness's `PIPELINE_` settings."""
+    env = {k: v for k, v in harness.env.items() if not k.startswith("PIPELINE_")}
+    done = subprocess.run(
+        [PIPELINE, "bench", "--quick", *args, "--save", str(saved)],
+        env={**env, "COLUMNS": "200"},
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
 @pytest.mark.journal
 @pytest.mark.timeout(180)
 def test_quick_error_search_finds_every_rare_record(harness, tmp_path):
     """`pipeline bench --quick --scenario error_search` on the pass's database: its rows,
     and searches that found what the journal it filled holds."""
     saved = tmp_path / "bench.json"
-    env = {k: v for k, v in harness.env.items() if not k.startswith("PIPELINE_")}
     database = harness.env["PIPELINE_DATABASE_URL"]
-    argv = [PIPELINE, "bench", "--quick", "--scenario", "error_search", "--save", str(saved)]
-    done = subprocess.run(
-        [*argv, "--database-url", database],
-        env={**env, "COLUMNS": "200"},
-        capture_output=True,
-        text=True,
-        timeout=150,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    args = ("--scenario", "error_search", "--database-url", database)
+    done = quick_bench(harness, saved, *args, timeout_s=150)
     figures = json.loads(saved.read_text())
     assert len(rows(figures)) == len(ERROR_SEARCHES) + 1
     for row in ROWS:
@@ -181,21 +185,11 @@ def test_quick_fair_shares_measures_both_senders(harness, tmp_path):
     """`pipeline bench --quick --scenario fair_shares` on a journal of its own: its two rows,
     and figures for both senders, alone and together."""
     saved = tmp_path / "bench.json"
-    env = {k: v for k, v in harness.env.items() if not k.startswith("PIPELINE_")}
-    done = subprocess.run(
-        [PIPELINE, "bench", "--quick", "--scenario", "fair_shares", "--save", str(saved)],
-        env={**env, "COLUMNS": "200"},
-        capture_output=True,
-        text=True,
-        timeout=210,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    done = quick_bench(harness, saved, "--scenario", "fair_shares", timeout_s=210)
     figures = json.loads(saved.read_text())
     assert len(rows(figures)) == 2
-    for row in ROWS:
-        if row.startswith("fair shares: "):
-            assert row in done.stdout, f"{row!r} missing from:\n{done.stdout}"
+    for row in FAIR_SHARES_ROWS:
+        assert row in done.stdout, f"{row!r} missing from:\n{done.stdout}"
     _check_fair_shares(figures["fair_shares"])
 
 

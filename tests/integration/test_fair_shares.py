@@ -10,7 +10,7 @@ import time
 import httpx
 import pytest
 
-from app.admission.ledger import Ledger
+from app.admission.ledger import Ledger, held_key, records_key
 from app.admission.senders import low_queue, sender_shares
 from app.clock import utcnow
 from app.journal.models import RecordStatus
@@ -94,6 +94,25 @@ def test_a_lost_message_is_taken_out_of_its_senders_counts_by_the_scan(rt: Runti
     assert ledger.forget_unseen("order", seen) == SHARE + 2
     assert sender_shares(rt.redis, "order") == []
     assert rt.pusher.depth("order") == 0
+
+
+def test_sender_counts_an_older_workers_ack_left_wrong_are_rebuilt(rt: Runtime) -> None:
+    accept(rt, "shop-a", SHARE + 5, "A")
+    ledger = Ledger(rt.redis)
+    assert ledger.recount_senders("order") is False  # right: nothing to do
+    # An ack as a worker of the version before sender counts makes it: the message and
+    # the line's count go, its sender's count stays.
+    raw = rt.redis.rpop("order")
+    assert isinstance(raw, bytes)
+    tag = json.loads(raw)["properties"]["delivery_tag"]
+    rt.redis.hdel(held_key("order"), tag)
+    rt.redis.decrby(records_key("order"), 1)
+    assert sender_shares(rt.redis, "order")[0].records == SHARE + 5
+
+    assert ledger.recount_senders("order") is True
+    (share,) = sender_shares(rt.redis, "order")
+    assert (share.records, share.past_share) == (SHARE + 4, 5)
+    assert ledger.recount_senders("order") is False
 
 
 def test_the_senders_named_are_the_busiest_and_the_rest_are_summed(rt: Runtime) -> None:
@@ -209,7 +228,7 @@ def test_a_pass_pushes_other_senders_waiting_records_past_a_sender_at_its_part(
     # say): `received`, for the sweeper once the grace period is over.
     news = [new_record("order", f"B-{n}", now=utcnow(), sender="shop-b") for n in range(3)]
     rt.acceptor.journal_many(news, clock=utcnow)
-    time.sleep(1.1)  # the harness's grace period: 1 s
+    time.sleep(1.5)  # past the harness's grace period (1 s), on the database's clock
 
     rt.sweeper.sweep(now=utcnow())
 
@@ -219,6 +238,38 @@ def test_a_pass_pushes_other_senders_waiting_records_past_a_sender_at_its_part(
     # Shop A's, older, were not even claimed: its part has no room.
     assert {statuses[i] for i in flood[30:]} == {"deferred"}
     assert rt.pusher.depth("order") == 33
+
+
+def test_a_sender_at_its_part_keeps_neither_the_line_nor_itself_behind_for_nothing(
+    harness: Harness,
+) -> None:
+    harness.configure(
+        lines__order__max_queue_length="50",
+        lines__order__sender_queue_share="0.6",
+        lines__order__batch_size="1",
+    )
+    rt = harness.runtime()
+    waiting = rt.pusher.waiting
+    flood = accept(rt, "shop-a", 60, "A")  # 30 on the queue, 30 deferred: at its part
+    waiting.keep_behind("order")  # as a resume does: the line's new records wait
+    rt.sweeper.drain("order", now=utcnow())
+    # Nothing of the other senders waits: the line's new records are free again, though
+    # shop A's deferred records still wait for room in its part.
+    (other,) = accept(rt, "shop-b", 1, "B")
+    assert harness.statuses()[other] == "enqueued"
+    assert set(waiting.mark("order").senders) == {"shop-a"}
+
+    # Workers free room for exactly what shop A has deferred: a pass pushes all of it,
+    # finds nothing of shop A's left though its part is full again, and frees it.
+    for _ in range(30):
+        take_and_ack(rt.redis, "order")
+    rt.sweeper.drain("order", now=utcnow())
+    assert {harness.statuses()[i] for i in flood} == {"enqueued"}
+    assert waiting.mark("order").senders == {}
+    take_and_ack(rt.redis, "order")  # shop B's
+    take_and_ack(rt.redis, "order")  # one of shop A's: room for one more in its part
+    (again,) = accept(rt, "shop-a", 1, "A-again")  # pushed at once, not behind itself
+    assert harness.statuses()[again] == "enqueued"
 
 
 FLOOD = 5_000
