@@ -12,12 +12,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from app.admission.senders import PRIORITY_SEPARATOR
 from app.config.redis import make_redis, masked_url
 
 OUR_PREFIXES = ("pipeline:", "_kombu.")
 KOMBU_KEYS = frozenset({"unacked", "unacked_index", "unacked_mutex", "celery"})
-# kombu's Redis transport names a queue's priority queues `<queue><sep><priority>`.
-PRIORITY_SEPARATOR = "\x06\x16"
 REPLY_SUFFIX = ".reply.celery.pidbox"
 # Keys looked at, at most: a large database is judged by its first ones.
 SCAN_LIMIT = 100_000
