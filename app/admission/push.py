@@ -153,7 +153,7 @@ return redis.call('GET', KEYS[1])
 @dataclass(frozen=True, kw_only=True)
 class PushResult:
     """How many of the records went onto the queue (`pushed`; which ones: `taken`, one
-    flag per record, all of them when empty), the queue's depth in records after, the
+    flag per record), the queue's depth in records after, the
     epoch they were pushed in, and whether some were left out only to wait behind older
     records in the journal (`behind`: the line's, or their sender's). `at_part`: the
     senders some of whose records were left out at their part of the bound. `leaving`: the
@@ -170,8 +170,6 @@ class PushResult:
     def split(self, items: Sequence[T]) -> tuple[list[T], list[T]]:
         """`items` (one per record pushed, in order) cut into those pushed and those left
         out, each in order."""
-        if not self.taken:
-            return list(items[: self.pushed]), list(items[self.pushed :])
         pushed = [item for item, taken in zip(items, self.taken, strict=True) if taken]
         left = [item for item, taken in zip(items, self.taken, strict=True) if not taken]
         return pushed, left

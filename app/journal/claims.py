@@ -64,87 +64,70 @@ def _namespace_is(sender: str) -> ColumnElement[bool]:
     return func.substr(records.c.dedup_key, 1, len(prefix)) == prefix
 
 
-def claim_due(
-    conn: Connection,
-    *,
-    line: str,
-    now: datetime,
-    received_grace_s: float,
-    epoch: str,
-    limit: int,
-    senders: Senders | None = None,
-) -> list[Record]:
-    """Claim, oldest first, the records of `line` that should be put on its queue, none of
-    them in flight (a live lease): `received` ones unchanged for the grace period,
-    `deferred` ones, `failed` ones whose retry is due, `enqueued` ones that can no longer
-    be on the queue (pushed in another epoch: Redis lost everything since; a message lost
-    alone is found by looking, `app.recovery.lost_messages`), and
-    runnable ones whose attempt's lease expired without an outcome (its worker died, or
-    its outcome could not be written). They become `enqueued` with no epoch until pushed.
-    Times are compared on the database's clock (`app.journal.dbclock`).
-    `senders`: only one sender's records, or every sender's but some (see `Senders`).
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Due:
+    """Which records of `line` should be put on its queue, none of them in flight (a live
+    lease): `received` ones unchanged for `received_grace_s`, `deferred` ones, `failed`
+    ones whose retry is due, `enqueued` ones that can no longer be on the queue (pushed in
+    another epoch than `epoch`: Redis lost everything since; a message lost alone is found
+    by looking, `app.recovery.lost_messages`), and runnable ones whose attempt's lease
+    expired without an outcome (its worker died, or its outcome could not be written).
+    Times are compared on the database's clock (`app.journal.dbclock`), at `now`.
+    `senders`: only one sender's records, or every sender's but some (see `Senders`)."""
 
-    Returns those claimed, as they were before. Safe with concurrent sweepers: the rows
-    are locked (`FOR UPDATE SKIP LOCKED` on PostgreSQL; SQLite serialises writers) and
-    every update is guarded by the status it was read in."""
-    query = (
-        select(records)
-        .where(
-            *_due(line, now=now, received_grace_s=received_grace_s, epoch=epoch, senders=senders)
+    line: str
+    now: datetime
+    received_grace_s: float
+    epoch: str
+    senders: Senders | None = None
+
+    def terms(self) -> list[ColumnElement[bool]]:
+        """The `WHERE` terms."""
+        now = self.now
+        lease_expired = and_(
+            records.c.lease_expires_at.is_not(None),
+            records.c.lease_expires_at <= db_time(now),
+            records.c.status.in_(sources(Event.ATTEMPT)),
         )
-        .order_by(records.c.id)
-        .limit(limit)
-    )
+        due = or_(
+            and_(
+                records.c.status == RecordStatus.RECEIVED.value,
+                records.c.updated_at < db_time_at(now, -self.received_grace_s),
+            ),
+            records.c.status == RecordStatus.DEFERRED.value,
+            and_(
+                records.c.status == RecordStatus.FAILED.value,
+                records.c.next_attempt_at <= db_time(now),
+            ),
+            and_(
+                records.c.status == RecordStatus.ENQUEUED.value,
+                # No epoch: a sweeper is pushing it now (or died doing so: the lost-message
+                # check takes it).
+                records.c.queue_epoch != self.epoch,
+            ),
+            lease_expired,
+        )
+        picked = [] if self.senders is None else self.senders.terms()
+        return [records.c.line == self.line, due, *picked, *guard(Event.SWEPT, now=now)]
+
+
+def claim_due(conn: Connection, due: Due, *, limit: int) -> list[Record]:
+    """Claim, oldest first, at most `limit` of the records `due` picks: they become
+    `enqueued` with no epoch until pushed. Returns those claimed, as they were before. Safe
+    with concurrent sweepers: the rows are locked (`FOR UPDATE SKIP LOCKED` on PostgreSQL;
+    SQLite serialises writers) and every update is guarded by the status it was read in."""
+    query = select(records).where(*due.terms()).order_by(records.c.id).limit(limit)
     if conn.dialect.name == "postgresql":
         query = query.with_for_update(skip_locked=True)
     found = [Record.from_row(row) for row in conn.execute(query)]
-    claimed = set(claim_as_enqueued(conn, found, Event.SWEPT, now=now))
+    claimed = set(claim_as_enqueued(conn, found, Event.SWEPT, now=due.now))
     return [record for record in found if record.id in claimed]
 
 
-def any_due(
-    conn: Connection,
-    *,
-    line: str,
-    now: datetime,
-    received_grace_s: float,
-    epoch: str,
-    senders: Senders | None = None,
-) -> bool:
-    """Whether `claim_due` would claim anything (given room), claiming nothing."""
-    terms = _due(line, now=now, received_grace_s=received_grace_s, epoch=epoch, senders=senders)
-    return conn.execute(select(records.c.id).where(*terms).limit(1)).first() is not None
-
-
-def _due(
-    line: str, *, now: datetime, received_grace_s: float, epoch: str, senders: Senders | None
-) -> list[ColumnElement[bool]]:
-    """The `WHERE` terms of `claim_due`."""
-    lease_expired = and_(
-        records.c.lease_expires_at.is_not(None),
-        records.c.lease_expires_at <= db_time(now),
-        records.c.status.in_(sources(Event.ATTEMPT)),
-    )
-    due = or_(
-        and_(
-            records.c.status == RecordStatus.RECEIVED.value,
-            records.c.updated_at < db_time_at(now, -received_grace_s),
-        ),
-        records.c.status == RecordStatus.DEFERRED.value,
-        and_(
-            records.c.status == RecordStatus.FAILED.value,
-            records.c.next_attempt_at <= db_time(now),
-        ),
-        and_(
-            records.c.status == RecordStatus.ENQUEUED.value,
-            # No epoch: a sweeper is pushing it now (or died doing so: the lost-message
-            # check takes it).
-            records.c.queue_epoch != epoch,
-        ),
-        lease_expired,
-    )
-    picked = [] if senders is None else senders.terms()
-    return [records.c.line == line, due, *picked, *guard(Event.SWEPT, now=now)]
+def any_due(conn: Connection, due: Due) -> bool:
+    """Whether `due` picks any record (what `claim_due` would claim, given room), claiming
+    nothing."""
+    return conn.execute(select(records.c.id).where(*due.terms()).limit(1)).first() is not None
 
 
 def _unrun_since(epoch: str, *, now: datetime, quiet_s: float) -> list[ColumnElement[bool]]:

@@ -147,6 +147,13 @@ class Sweeper:
         """Claim and push the due records `senders` picks, oldest first, while the queue
         (and the sender's part) has room and `budget` (records this pass may still claim)
         lasts. Whether it found nothing more of them to push, and how many it claimed."""
+        due = claims.Due(
+            line=line.name,
+            now=now,
+            received_grace_s=self.received_grace_s,
+            epoch=epoch,
+            senders=senders,
+        )
         pushed_all = claimed_all = 0
         while claimed_all < budget:
             room = line.settings.max_queue_length - self.pusher.depth(line.queue)
@@ -156,25 +163,9 @@ class Sweeper:
             if limit <= 0:
                 # No room: finished only if nothing of them is waiting at all.
                 with self.journal.reading("sweeping") as conn:
-                    waits = claims.any_due(
-                        conn,
-                        line=line.name,
-                        now=now,
-                        received_grace_s=self.received_grace_s,
-                        epoch=epoch,
-                        senders=senders,
-                    )
-                return not waits, claimed_all
+                    return not claims.any_due(conn, due), claimed_all
             with self.journal.transaction() as conn:
-                claimed = claims.claim_due(
-                    conn,
-                    line=line.name,
-                    now=now,
-                    received_grace_s=self.received_grace_s,
-                    epoch=epoch,
-                    limit=limit,
-                    senders=senders,
-                )
+                claimed = claims.claim_due(conn, due, limit=limit)
             if not claimed:
                 return True, claimed_all
             claimed_all += len(claimed)

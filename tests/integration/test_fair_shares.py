@@ -37,6 +37,17 @@ def accept(rt: Runtime, sender: str, count: int, prefix: str) -> list[str]:
     return [new.id for new in news]
 
 
+def parted(harness: Harness, **more: str) -> Runtime:
+    """`order` bounded at 50 records, 30 of them for any one sender, one to a message."""
+    harness.configure(
+        lines__order__max_queue_length="50",
+        lines__order__sender_queue_share="0.6",
+        lines__order__batch_size="1",
+        **more,
+    )
+    return harness.runtime()
+
+
 @pytest.fixture
 def rt(harness: Harness) -> Runtime:
     harness.configure(lines__order__fair_share=str(SHARE), lines__order__batch_size="1")
@@ -161,14 +172,7 @@ def test_lines_metrics_and_status_show_each_senders_records_and_what_waits_past_
 def test_a_sender_past_its_part_of_the_bound_defers_its_own_records_and_not_the_others(
     harness: Harness,
 ) -> None:
-    # A bound of 50, 30 of them for any one sender.
-    harness.configure(
-        lines__order__max_queue_length="50",
-        lines__order__sender_queue_share="0.6",
-        lines__order__fair_share=str(SHARE),
-        lines__order__batch_size="1",
-    )
-    rt = harness.runtime()
+    rt = parted(harness, lines__order__fair_share=str(SHARE))
     flood = accept(rt, "shop-a", 45, "A")
     late = accept(rt, "shop-b", 5, "B")
 
@@ -215,12 +219,7 @@ def test_a_sender_past_its_part_of_the_bound_defers_its_own_records_and_not_the_
 def test_a_pass_pushes_other_senders_waiting_records_past_a_sender_at_its_part(
     harness: Harness,
 ) -> None:
-    harness.configure(
-        lines__order__max_queue_length="50",
-        lines__order__sender_queue_share="0.6",
-        lines__order__batch_size="1",
-    )
-    rt = harness.runtime()
+    rt = parted(harness)
     # 30 on the queue, 30 deferred: at its part, with more deferred than the line has room
     # (20), so that a pass claiming the oldest first would claim only shop A's.
     flood = accept(rt, "shop-a", 60, "A")
@@ -243,12 +242,7 @@ def test_a_pass_pushes_other_senders_waiting_records_past_a_sender_at_its_part(
 def test_a_sender_at_its_part_keeps_neither_the_line_nor_itself_behind_for_nothing(
     harness: Harness,
 ) -> None:
-    harness.configure(
-        lines__order__max_queue_length="50",
-        lines__order__sender_queue_share="0.6",
-        lines__order__batch_size="1",
-    )
-    rt = harness.runtime()
+    rt = parted(harness)
     waiting = rt.pusher.waiting
     flood = accept(rt, "shop-a", 60, "A")  # 30 on the queue, 30 deferred: at its part
     waiting.keep_behind("order")  # as a resume does: the line's new records wait
