@@ -40,6 +40,7 @@
     │       ├── RateLimited      a line's requests are over its intake rate
     │       └── QueueFull        a line's queue is full under `reject` (the record is kept)
     ├── DeliveryFailed           a sink could not deliver a record (the attempt failed)
+    ├── AttemptsOverran          a message's attempts did not end within their bound (says on what)
     └── UnboundedPublish         a pipeline task was published around the bounded push
 
 A class's docstring is its default message. The HTTP layer maps the middle categories
@@ -325,3 +326,10 @@ class DeliveryFailed(PipelineError):
     """The sink could not deliver the record."""
 
     code = "delivery_failed"
+
+
+class AttemptsOverran(PipelineError):
+    """A message's attempts did not end within their bound; they go on, and settle their
+    records themselves."""
+
+    code = "attempts_overran"

@@ -205,3 +205,12 @@ class Recent(Generic[T]):
             return value
         finally:
             self._computing.release()
+
+    def fresh(self) -> T | None:
+        """The value while it is younger than `lifetime_s`, else None; never computes."""
+        entry = self._fresh()
+        return None if entry is None else entry[0]
+
+    def keep(self, value: T, *, began_at: float) -> None:
+        """Keep `value`, computed elsewhere from a computation that began at `began_at`."""
+        self._entry = (value, began_at)

@@ -126,6 +126,23 @@ class PausedLines:
     def is_paused(self, line: str) -> bool:
         return line in self.current()
 
+    def known(self) -> dict[str, LinePause] | None:
+        """Every paused line's pause, if read less than `lifetime_s` ago; None: it is due a
+        read (`read_in`). Never waits."""
+        return self._recent.fresh()
+
+    def read_in(self, conn: Connection) -> dict[str, LinePause]:
+        """Read the paused lines on `conn` (a caller's transaction) and keep them."""
+        began_at = self._clock()
+        found = _read_pauses(conn)
+        self._last = found
+        self._recent.keep(found, began_at=began_at)
+        return found
+
+    def last(self) -> dict[str, LinePause]:
+        """The paused lines as last read (none when never read)."""
+        return self._last
+
     def forget(self) -> None:
         """Read the journal again at the next ask (this process has just changed it)."""
         self._recent = Recent[dict[str, LinePause]](lifetime_s=self._lifetime_s, clock=self._clock)

@@ -157,6 +157,17 @@ class LineSettings(BaseModel):
         description="HTTP sink: deliveries one worker process keeps in flight, on one event "
         "loop (waiting on the downstream costs no thread)",
     )
+    # A handler's thread cannot be stopped: one that overruns its deadline runs on, and
+    # holds a thread until it returns. 16: a handful of hung calls leave room for the rest.
+    handler_threads: int = Field(
+        default=16,
+        ge=1,
+        le=256,
+        description="handler sink: threads of the line's handler in one worker process. "
+        "Calls run one at a time, each within `DELIVERY_TIMEOUT_S`; a call that overruns "
+        "keeps its thread until it returns, and no new attempt starts without a free one "
+        "(records wait, no attempt spent; `HANDLER_STUCK` when none is free)",
+    )
     # Unset, this and `delivery_concurrency` below limit nothing.
     delivery_rate: float | None = Field(
         default=None,

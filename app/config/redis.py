@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis
+import redis.asyncio as aioredis
+import redis.asyncio.sentinel as aiosentinel
 from redis.connection import AbstractConnection, parse_url
 from redis.sentinel import Sentinel, SentinelManagedConnection
 
@@ -238,6 +240,28 @@ def make_redis(url: str, options: dict[str, Any] | None = None) -> redis.Redis:
         connection_class=replaced_when_idle(base),
         **options,
     )
+
+
+def make_async_redis(url: str, options: dict[str, Any] | None = None) -> aioredis.Redis:
+    """An asyncio client for `url`, with the same options as `make_redis`'s, for code that
+    runs on an event loop. Connects lazily, on the loop that first uses it: one client
+    serves one loop."""
+    options = DEFAULT_OPTIONS if options is None else options
+    if is_sentinel(url):
+        parsed = parse_sentinel_url(url)
+        sentinel = aiosentinel.Sentinel(
+            list(parsed.sentinels), sentinel_kwargs=sentinel_client_options(parsed, options)
+        )
+        client: aioredis.Redis = sentinel.master_for(
+            parsed.master,
+            redis_class=aioredis.Redis,
+            db=parsed.db,
+            username=parsed.username,
+            password=parsed.password,
+            **options,
+        )
+        return client
+    return aioredis.Redis.from_url(url, **options)
 
 
 def _sentinel_primary(url: str, options: dict[str, Any]) -> redis.Redis:

@@ -21,11 +21,10 @@ closed, until it has passed: the outcomes' count keeps the latest end of one in 
 circuit's hash, and the admission lets nothing go before it.
 
 The worker asks for a chunk of deliveries at once (`admit`, `want`) and counts the
-outcomes that ended together at once (`count_all`): one round trip each."""
+outcomes that ended together at once (`count_all`): one round trip each, on its event loop."""
 
 from __future__ import annotations
 
-import contextlib
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -33,6 +32,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 
 import redis
+import redis.asyncio as aioredis
 
 from app.config.line_settings import LineSettings
 from app.errors import BrokerUnavailable
@@ -263,15 +263,15 @@ def counts_against(http_status: int | None) -> bool:
 
 
 class Circuits:
-    """The circuits of the lines."""
+    """The circuits of the lines, as the attempt engine asks them: on its event loop, each
+    ask one round trip, never a thread's wait."""
 
-    def __init__(self, client: redis.Redis) -> None:
-        self._redis = client
+    def __init__(self, client: aioredis.Redis) -> None:
         self._outcomes = client.register_script(_OUTCOMES)
         self._admit = client.register_script(_ADMIT)
         self._drop = client.register_script(_DROP)
 
-    def admit(
+    async def admit(
         self,
         line: str,
         settings: LineSettings,
@@ -286,7 +286,7 @@ class Circuits:
         wait; while a downstream's `Retry-After` runs, every delivery waits. Raises
         `BrokerUnavailable`."""
         try:
-            admission, granted, wait_ms, waiting = self._admit(
+            admission, granted, wait_ms, waiting = await self._admit(
                 keys=[CIRCUIT_KEY.format(line=line)],
                 args=[
                     owner,
@@ -305,13 +305,9 @@ class Circuits:
             waiting=Waiting(_text(waiting)),
         )
 
-    def count(
-        self, line: str, settings: LineSettings, *, health: Health, owner: str = ""
+    async def count_all(
+        self, line: str, settings: LineSettings, outcomes: Sequence[Outcome]
     ) -> Counted:
-        """`count_all` of one outcome."""
-        return self.count_all(line, settings, [Outcome(health=health, owner=owner)])
-
-    def count_all(self, line: str, settings: LineSettings, outcomes: Sequence[Outcome]) -> Counted:
         """Count what deliveries' outcomes, in the order they ended, say of the downstream,
         in one round trip; the circuit's change (the last) and its state after them. An
         answer's `Retry-After` holds every delivery of the line until it has passed.
@@ -325,7 +321,7 @@ class Circuits:
         for outcome in outcomes:
             args += [outcome.health.value, outcome.owner, math.ceil(outcome.retry_after_s * 1000)]
         try:
-            change, state, failed, counted = self._outcomes(
+            change, state, failed, counted = await self._outcomes(
                 keys=[key.format(line=line) for key in (CIRCUIT_KEY, OK_KEY, FAILED_KEY)],
                 args=args,
             )
@@ -338,11 +334,21 @@ class Circuits:
             counted=int(counted),
         )
 
-    def drop_probe(self, line: str, owner: str) -> None:
+    async def drop_probe(self, line: str, owner: str) -> None:
         """`owner`'s probe did not go out (its record was not claimed, or found no room
-        under the limits): the next delivery may probe. Never raises."""
-        with contextlib.suppress(redis.RedisError):
-            self._drop(keys=[CIRCUIT_KEY.format(line=line)], args=[owner])
+        under the limits): the next delivery may probe. Raises `BrokerUnavailable` (the
+        probe then lapses at its lifetime)."""
+        try:
+            await self._drop(keys=[CIRCUIT_KEY.format(line=line)], args=[owner])
+        except redis.RedisError as exc:
+            raise BrokerUnavailable(f"the circuit of {line}: {exc}") from exc
+
+
+class CircuitReader:
+    """The lines' circuits as `/v1/lines`, `/metrics` and the console read them."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self._redis = client
 
     def state(self, line: str) -> CircuitState:
         """`line`'s circuit now. Raises `BrokerUnavailable`."""

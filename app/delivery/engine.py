@@ -32,18 +32,21 @@ import dataclasses
 import functools
 import random
 import threading
-from collections.abc import Callable, Coroutine
+from collections import deque
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 import aiohttp
+import redis.asyncio as aioredis
 from opentelemetry.trace import Span, SpanKind, StatusCode, Tracer
 from sqlalchemy import Connection
 
 from app.admission.pause import PausedLines, hold_back
 from app.clock import utcnow
 from app.config.line_settings import limit_wait_s, longest_delivery_s
+from app.config.redis import make_async_redis
 from app.delivery import sinks
 from app.delivery.circuit import Admission, Change, Circuits, Outcome, State, Waiting, health_of
 from app.delivery.limits import DeliveryLimits
@@ -65,7 +68,7 @@ from app.delivery.outcomes import (
     report,
     retry_after_of,
 )
-from app.errors import BrokerUnavailable, ConfigError, JournalUnavailable
+from app.errors import AttemptsOverran, BrokerUnavailable, ConfigError, JournalUnavailable
 from app.journal import attempt_log, attempts
 from app.journal.attempt_log import Outcome as Ended
 from app.journal.commits import in_one_transaction
@@ -85,6 +88,11 @@ T = TypeVar("T")
 # How long a journal write of the engine waits for its commit (the journal's own timeouts
 # end a transaction well within it).
 COMMIT_WAIT_S = 60.0
+# How long a Redis step of the engine (the circuit's ask or count, the limits' ask or
+# release) may take: each is one small Lua script or command that answers within a
+# millisecond. One that has not answered by then finds Redis stalled, and the engine goes
+# on without it, as when Redis is down: an outcome is never held behind a stalled Redis.
+REDIS_STEP_S = 2.0
 _RNG = random.Random()  # noqa: S311 - backoff jitter, not cryptography
 
 
@@ -98,6 +106,9 @@ class _Message:
     parents: dict[str, str]
     clock: Callable[[], datetime]
     rng: random.Random
+    # On the loop's clock: what has not started by then waits in the journal, so that the
+    # message ends well within its visibility timeout (kombu would hand a copy of it out).
+    start_by: float = 0.0
     # Records of the message found to be of another line, by line (their claims say so).
     elsewhere: dict[str, list[str]] = field(default_factory=dict)
 
@@ -132,35 +143,72 @@ class _Started:
     count: int
 
 
-@dataclass(kw_only=True)
 class _Slots:
     """A line's delivery slots in this process (on the loop): a record is claimed only
     when its delivery can start at once, so that no claimed record waits while its lease
-    runs out."""
+    runs out. Messages that wait for slots are served in the order they came."""
 
-    free: int
-    freed: asyncio.Event = field(default_factory=asyncio.Event)
+    def __init__(self, free: int) -> None:
+        self.free = free
+        self._waiters: deque[tuple[int, asyncio.Future[int]]] = deque()
 
     async def take(self, most: int, *, timeout_s: float) -> int:
-        """Between 1 and `most` slots, waiting up to `timeout_s` for the first; 0: none
-        came free in time."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
-        while self.free <= 0:
-            self.freed.clear()
-            left = deadline - loop.time()
-            if left <= 0:
-                return 0
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.freed.wait(), left)
-        taken = min(most, self.free)
-        self.free -= taken
-        return taken
+        """Between 1 and `most` slots, waiting up to `timeout_s` for the first, behind the
+        messages that came first; 0: none came free in time. Cancelled, it holds none."""
+        if self.free > 0 and not self._waiters:
+            taken = min(most, self.free)
+            self.free -= taken
+            return taken
+        if timeout_s <= 0:
+            return 0
+        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        waiter = (most, future)
+        self._waiters.append(waiter)
+        try:
+            async with asyncio.timeout(timeout_s):
+                return await future
+        except TimeoutError:
+            self._undo(future)
+            return 0
+        except asyncio.CancelledError:
+            self._undo(future)
+            raise
+        finally:
+            with contextlib.suppress(ValueError):
+                self._waiters.remove(waiter)
 
     def give(self, count: int = 1) -> None:
-        if count > 0:
-            self.free += count
-            self.freed.set()
+        """Give back `count` slots, to the first messages waiting."""
+        if count <= 0:
+            return
+        self.free += count
+        while self.free > 0 and self._waiters:
+            most, future = self._waiters.popleft()
+            if future.done():
+                continue
+            taken = min(most, self.free)
+            self.free -= taken
+            future.set_result(taken)
+
+    def _undo(self, future: asyncio.Future[int]) -> None:
+        """A waiter that gave up: the slots it was handed meanwhile go back."""
+        if future.done() and not future.cancelled():
+            self.give(future.result())
+        else:
+            future.cancel()
+
+
+@dataclass(kw_only=True)
+class _Run:
+    """One message's run on the loop: what it waits for now (the outer bound names it),
+    how many deliveries it started, and what it holds that no delivery holds yet: slots
+    of this process and the `room` it was given (the limits' slots, the probe)."""
+
+    waiting_for: str = "its first claim"
+    started: int = 0
+    slots: int = 0
+    room: _Room | None = None
+    step: asyncio.Future[None] | None = None
 
 
 class AttemptEngine:
@@ -174,8 +222,8 @@ class AttemptEngine:
         lines: LineRegistry,
         telemetry: Telemetry,
         alerts: Alerter,
-        circuits: Circuits,
-        limits: DeliveryLimits,
+        redis_url: str,
+        redis_options: dict[str, Any],
         paused: PausedLines,
         tracer: Tracer,
         lease_s: float,
@@ -185,17 +233,24 @@ class AttemptEngine:
         self._lines = lines
         self._telemetry = telemetry
         self._alerts = alerts
-        self._circuits = circuits
-        self._limits = limits
+        self._redis_url = redis_url
+        self._redis_options = redis_options
         self._paused = paused
         self._tracer = tracer
         self._lease_s = lease_s
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._starting = threading.Lock()
-        # Made on the loop, on first use: the HTTP sink's client, each line's slots.
+        # Made on the loop, on first use: the HTTP sink's client, the Redis client of the
+        # circuits and limits, each line's slots and handler threads.
         self._session: aiohttp.ClientSession | None = None
+        self._redis: aioredis.Redis | None = None
+        self._circuits: Circuits | None = None
+        self._limits: DeliveryLimits | None = None
         self._slots: dict[str, _Slots] = {}
+        self._handlers: dict[str, sinks.HandlerThreads] = {}
+        # Steps that outlive what started them (giving back a room), kept from the GC.
+        self._tail: set[asyncio.Task[None]] = set()
 
     # The loop, and the way in from other threads.
 
@@ -210,13 +265,18 @@ class AttemptEngine:
                 self._thread.start()
             return self._loop
 
-    def _call(self, work: Coroutine[Any, Any, T], *, timeout_s: float) -> T:
+    def _call(self, work: Coroutine[Any, Any, T], run: _Run, *, timeout_s: float) -> T:
+        """Run `work` on the loop and wait for it, `timeout_s` at most. Past that it is not
+        cancelled (a cancel would strand what it holds): it goes on and settles its records
+        itself, and the caller gets `AttemptsOverran`, saying what it waited for."""
         future = asyncio.run_coroutine_threadsafe(work, self._running_loop())
         try:
             return future.result(timeout=timeout_s)
         except TimeoutError:
-            future.cancel()
-            raise JournalUnavailable(f"the attempts did not end within {timeout_s:g} s") from None
+            raise AttemptsOverran(
+                f"the attempts did not end within {timeout_s:g} s: waiting for "
+                f"{run.waiting_for}, {run.started} deliveries started"
+            ) from None
 
     def close(self, *, timeout_s: float = 5.0) -> None:
         """Close the HTTP sink's client, stop the loop (within `timeout_s`) and the commit
@@ -224,15 +284,27 @@ class AttemptEngine:
         with self._starting:
             loop, thread, self._loop = self._loop, self._thread, None
         if loop is not None and thread is not None:
-            if self._session is not None:
-                with contextlib.suppress(Exception):
-                    closing = asyncio.run_coroutine_threadsafe(self._session.close(), loop)
-                    closing.result(timeout=timeout_s)
-                self._session = None
+            with contextlib.suppress(Exception):
+                closing = asyncio.run_coroutine_threadsafe(self._close_clients(), loop)
+                closing.result(timeout=timeout_s)
             loop.call_soon_threadsafe(loop.stop)
             thread.join(timeout=timeout_s)
-            self._slots = {}  # their events belong to the loop that stopped
+            # They belong to the loop that stopped.
+            self._slots, self._handlers = {}, {}
         self._commits.close()
+
+    async def _close_clients(self) -> None:
+        session, client = self._session, self._redis
+        self._session, self._redis, self._circuits, self._limits = None, None, None, None
+        if session is not None:
+            await session.close()
+        if client is not None:
+            await client.aclose()
+
+    def stuck_lines(self) -> list[str]:
+        """The handler lines whose every handler thread in this process is held by a call
+        that overran (nothing of theirs can start here until one returns)."""
+        return sorted(name for name, threads in dict(self._handlers).items() if threads.free <= 0)
 
     def run(
         self,
@@ -271,8 +343,12 @@ class AttemptEngine:
         if line.table_sink:
             results = self._table_sink(ids, message)
         else:
+            message = dataclasses.replace(message, start_by=self._start_by())
+            # Every step of a message is bounded (its starts by `limit_wait_s`, a delivery
+            # by its deadline, a commit by `COMMIT_WAIT_S`): this only names a defect.
             bound_s = self._lease_s + 2 * COMMIT_WAIT_S
-            results = self._call(self._deliver_all(ids, message), timeout_s=bound_s)
+            run = _Run()
+            results = self._call(self._deliver_all(ids, message, run), run, timeout_s=bound_s)
         for name, elsewhere in message.elsewhere.items():
             if name in self._lines.names():
                 own = dataclasses.replace(message, line=self._lines.get(name), elsewhere={})
@@ -296,33 +372,38 @@ class AttemptEngine:
                     message.elsewhere.setdefault(own, []).append(record_id)
         return [by_id[record_id] for record_id in ids if record_id in by_id]
 
-    async def _room(self, candidates: list[str], message: _Message) -> _Room:
+    async def _room(self, candidates: list[str], message: _Message, run: _Run) -> _Room:
         """What of `candidates` may start now: the circuit's verdict for all of them, then
-        the limits' tokens and slots, one round trip each (waiting for room up to
-        `limit_wait_s`). Redis not answering, they go: the circuit and the limits cannot
-        be kept then, and the records can still be delivered."""
+        the limits' tokens and slots, one round trip each (waiting for room until the
+        message's `start_by`). Redis not answering in time, they go: the circuit and the
+        limits cannot be kept then, and the records can still be delivered."""
         line = message.line
         if not line.http_sink:
             return _Room(ids=candidates)
+        run.waiting_for = "the circuit"
         room = await self._circuit_room(candidates, message)
         unlimited = (
             line.settings.delivery_rate is None and line.settings.delivery_concurrency is None
         )
         if not room.ids or unlimited:
             return room
+        run.waiting_for = "room under the delivery limits"
+        run.room = room  # its probe is held from here
         return await self._limits_room(room, message)
 
     async def _circuit_room(self, candidates: list[str], message: _Message) -> _Room:
         line = message.line
         probe = f"{message.owner}:{candidates[0]}"
+        circuits, _, _ = self._redis_parts()
         try:
-            verdict = await asyncio.to_thread(
-                self._circuits.admit,
-                line.name,
-                line.settings,
-                owner=probe,
-                probe_lifetime_s=longest_delivery_s(line.settings, lease_s=self._lease_s),
-                want=len(candidates),
+            verdict = await _within(
+                circuits.admit(
+                    line.name,
+                    line.settings,
+                    owner=probe,
+                    probe_lifetime_s=longest_delivery_s(line.settings, lease_s=self._lease_s),
+                    want=len(candidates),
+                )
             )
         except BrokerUnavailable as exc:
             log.warning("circuit_unread", line=line.name, error=str(exc))
@@ -340,94 +421,210 @@ class AttemptEngine:
 
     async def _limits_room(self, room: _Room, message: _Message) -> _Room:
         line = message.line
+        _, limits, _ = self._redis_parts()
         loop = asyncio.get_running_loop()
-        began, budget = loop.time(), limit_wait_s(self._lease_s)
+        began = loop.time()
         while True:
             try:
-                grant = await asyncio.to_thread(
-                    self._limits.ask,
-                    line.name,
-                    line.settings,
-                    want=len(room.ids),
-                    # From now: the claim, then the request and its one deadline.
-                    lifetime_s=longest_delivery_s(line.settings, lease_s=self._lease_s),
+                grant = await _within(
+                    limits.ask(
+                        line.name,
+                        line.settings,
+                        want=len(room.ids),
+                        # From now: the claim, then the request and its one deadline.
+                        lifetime_s=longest_delivery_s(line.settings, lease_s=self._lease_s),
+                    )
                 )
             except BrokerUnavailable as exc:
                 log.warning("delivery_limits_unread", line=line.name, error=str(exc))
                 return room
             if grant.count:
                 return _Room(ids=room.ids[: grant.count], probe=room.probe, slots=grant.slots)
-            waited = loop.time() - began
-            if waited + grant.wait_s > budget:
-                if room.probe:
-                    await asyncio.to_thread(self._circuits.drop_probe, line.name, room.probe)
-                why = f"no room under {line.name}'s delivery limits within {waited:.0f} s"
-                return _Room(ids=[], wait_s=message.rng.uniform(1, 1 + POSTPONE_SPREAD), why=why)
+            if loop.time() + grant.wait_s > message.start_by:
+                why = (
+                    f"no room under {line.name}'s delivery limits within "
+                    f"{loop.time() - began:.0f} s"
+                )
+                return _Room(
+                    ids=[],
+                    probe=room.probe,
+                    wait_s=message.rng.uniform(1, 1 + POSTPONE_SPREAD),
+                    why=why,
+                )
             await asyncio.sleep(grant.wait_s)
 
     # Step 2: deliver.
 
-    async def _deliver_all(self, ids: list[str], message: _Message) -> dict[str, AttemptResult]:
-        """Claim `ids` as the line's slots come free, a chunk at a time (each asking the
-        pause, the circuit and the limits first), and deliver each record at once."""
-        line = message.line
-        slots = self._slots_of(line)
+    async def _deliver_all(
+        self, ids: list[str], message: _Message, run: _Run
+    ) -> dict[str, AttemptResult]:
+        """Claim `ids` as the line's slots come free, a chunk at a time, and deliver each
+        record at once; then record every outcome. However the claims end (their start
+        window passed, an error, a cancel), what they held goes back and the deliveries
+        started land and are recorded."""
         landed: asyncio.Queue[_Landed | _Started] = asyncio.Queue()
         collector = asyncio.create_task(self._collect(landed, message))
-        started = 0
-        waiting = list(ids)
-        # The first chunk's pause was asked before the message came here.
-        asked = True
-        flying: set[asyncio.Task[None]] = set()
         try:
-            while waiting:
-                if not asked and await self._is_paused(line):
-                    # Paused while the message ran: what it has not claimed waits (`deferred`).
-                    await self._hold_back_rest(waiting, message)
-                    break
-                free = await slots.take(len(waiting), timeout_s=limit_wait_s(self._lease_s))
-                if free == 0:
-                    await self._postpone(waiting, message, "no delivery slot came free in time")
-                    break
-                room = await self._room(waiting[:free], message)
-                slots.give(free - len(room.ids))
-                if not room.ids:
-                    await self._postpone(waiting, message, room.why, after_s=room.wait_s)
-                    break
-                waiting, asked = waiting[len(room.ids) :], False
-                try:
-                    claimed: list[Record] = await self._commits.put(
-                        functools.partial(self._claim_in, ids=room.ids, message=message)
-                    )
-                except BaseException:
-                    slots.give(len(room.ids))
-                    await self._unclaimed(line, room, set())
-                    raise
-                slots.give(len(room.ids) - len(claimed))
-                await self._unclaimed(line, room, {record.id for record in claimed})
-                held = dict(zip(room.ids, room.slots, strict=False))
-                for record in claimed:
-                    probe = room.probe if record.id == room.ids[0] else ""
-                    fly = self._fly(record, message, probe, held.get(record.id), slots, landed)
-                    task = asyncio.create_task(fly)
-                    flying.add(task)
-                    task.add_done_callback(flying.discard)
-                started += len(claimed)
+            await self._start_all(ids, message, run, landed)
         except BaseException:
-            await landed.put(_Started(started))
+            if run.step is not None:  # a claim on its way: its deliveries start
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(run.step)
+            self._give_back(run, message.line)
+            landed.put_nowait(_Started(run.started))
             with contextlib.suppress(Exception):
-                await collector
+                await asyncio.shield(collector)
             raise
-        await landed.put(_Started(started))
-        return await collector
+        landed.put_nowait(_Started(run.started))
+        run.waiting_for = f"the outcomes of {run.started} deliveries"
+        return await asyncio.shield(collector)
 
-    async def _unclaimed(self, line: Line, room: _Room, claimed: set[str]) -> None:
-        """Give back what `room` held for records that were not claimed."""
-        if room.probe and room.ids[0] not in claimed:
-            await asyncio.to_thread(self._circuits.drop_probe, line.name, room.probe)
-        unused = [s for i, s in zip(room.ids, room.slots, strict=False) if i not in claimed]
-        if unused:
-            await asyncio.to_thread(self._limits.release, line.name, unused)
+    async def _start_all(
+        self,
+        ids: list[str],
+        message: _Message,
+        run: _Run,
+        landed: asyncio.Queue[_Landed | _Started],
+    ) -> None:
+        """Start deliveries of `ids`, a chunk at a time, each asking the pause, the
+        circuit and the limits first. What has not started by the message's `start_by`
+        waits in the journal, no attempt spent."""
+        line = message.line
+        loop = asyncio.get_running_loop()
+        slots = self._slots_of(line)
+        waiting = list(ids)
+        asked = True  # the first chunk's pause was asked before the message came here
+        while waiting:
+            if not asked and await self._is_paused(line, run):
+                # Paused while the message ran: what it has not claimed waits (`deferred`).
+                await self._hold_back_rest(waiting, message)
+                return
+            if line.handler is not None:
+                waiting = await self._handler_room(waiting, message)
+                if not waiting:
+                    return
+            run.waiting_for = "a delivery slot of this process"
+            left_s = message.start_by - loop.time()
+            run.slots = await slots.take(len(waiting), timeout_s=left_s)
+            if run.slots == 0:
+                await self._postpone(waiting, message, _no_slot(left_s))
+                return
+            room = await self._room(waiting[: run.slots], message, run)
+            slots.give(run.slots - len(room.ids))
+            run.slots, run.room = len(room.ids), room
+            if not room.ids:
+                self._give_back(run, line)
+                await self._postpone(waiting, message, room.why, after_s=room.wait_s)
+                return
+            waiting, asked = waiting[len(room.ids) :], False
+            run.waiting_for = "the claim's commit"
+            # Shielded: a claim the journal makes is delivered, whatever befalls the message.
+            run.step = asyncio.ensure_future(self._claim_and_fly(room, message, run, landed))
+            await asyncio.shield(run.step)
+            run.step = None
+
+    async def _claim_and_fly(
+        self,
+        room: _Room,
+        message: _Message,
+        run: _Run,
+        landed: asyncio.Queue[_Landed | _Started],
+    ) -> None:
+        """Claim `room`'s records and start their deliveries, each taking one of the slots
+        and what `room` holds for it; what the unclaimed ones held goes back."""
+        line, slots = message.line, self._slots_of(message.line)
+        claimed: list[Record] = await self._commits.put(
+            functools.partial(self._claim_in, ids=room.ids, message=message)
+        )
+        by_id = {record.id: record for record in claimed}
+        held = dict(zip(room.ids, room.slots, strict=False))
+        dropped = "" if room.ids[0] in by_id else room.probe
+        unused = tuple(s for i, s in zip(room.ids, room.slots, strict=False) if i not in by_id)
+        run.slots, run.room = 0, None
+        slots.give(len(room.ids) - len(claimed))
+        self._give_back_room(line, _Room(ids=[], probe=dropped, slots=unused))
+        for record in claimed:
+            probe = room.probe if record.id == room.ids[0] else ""
+            fly = self._fly(record, message, probe, held.get(record.id), slots, landed)
+            asyncio.create_task(fly)  # noqa: RUF006 - it reports on `landed`, awaited there
+        run.started += len(claimed)
+
+    async def _handler_room(self, ids: list[str], message: _Message) -> list[str]:
+        """Of `ids` (a handler line's), those that may be called now: none while every
+        handler thread is held by a call that overran (`HANDLER_STUCK`), and none whose
+        last call has not returned. The others wait, no attempt spent."""
+        line = message.line
+        threads = self._handlers_of(line)
+        if threads.free > 0 and threads.said_stuck:
+            threads.said_stuck = False
+            self._say_stuck(threads.stuck_key, stuck=False)
+        if threads.free <= 0:
+            threads.said_stuck = True
+            self._say_stuck(threads.stuck_key, stuck=True)
+            self._alerts.raise_event(
+                Event.HANDLER_STUCK,
+                line=line.name,
+                message=f"every handler thread of {line.name} in a worker process "
+                f"({line.settings.handler_threads}) is held by a call that overran "
+                f"{line.settings.delivery_timeout_s:g} s: nothing of {line.name} starts "
+                "there until one returns; records wait, no attempt spent",
+                threads=line.settings.handler_threads,
+            )
+            await self._postpone(ids, message, _STUCK.format(line=line.name))
+            return []
+        busy = [record_id for record_id in ids if threads.running(record_id)]
+        if busy:
+            await self._postpone(busy, message, _STILL_RUNNING)
+        return [record_id for record_id in ids if record_id not in busy]
+
+    def _say_stuck(self, key: str, *, stuck: bool) -> None:
+        """Say in Redis, for the line's health, whether this process's handler threads of
+        a line are all held (in a step of its own: nothing waits on it)."""
+
+        async def say() -> None:
+            redis_client = self._redis_parts()[2]
+            if stuck:
+                await redis_client.set(key, "1", ex=sinks.HANDLERS_STUCK_TTL_S)
+            else:
+                await redis_client.delete(key)
+
+        self._in_tail(say())
+
+    def _give_back(self, run: _Run, line: Line) -> None:
+        """Give back what `run` holds that no delivery holds: its slots of this process at
+        once, its room's limits' slots and probe in a round trip of their own."""
+        self._slots_of(line).give(run.slots)
+        if run.room is not None:
+            self._give_back_room(line, run.room)
+        run.slots, run.room = 0, None
+
+    def _give_back_room(self, line: Line, room: _Room) -> None:
+        """Give back `room`'s probe and the limits' slots, in a step of their own (one that
+        outlives a cancel of whoever gave them back)."""
+        if room.probe or room.slots:
+            self._in_tail(self._release_room(line, room))
+
+    def _in_tail(self, step: Coroutine[Any, Any, None]) -> None:
+        """Run `step` on the loop on its own, bounded by `REDIS_STEP_S`; its failure is
+        logged."""
+
+        async def bounded() -> None:
+            try:
+                await _within(step)
+            except BrokerUnavailable as exc:
+                log.warning("redis_step_skipped", error=str(exc))
+
+        task = asyncio.ensure_future(bounded())
+        self._tail.add(task)
+        task.add_done_callback(self._tail.discard)
+
+    async def _release_room(self, line: Line, room: _Room) -> None:
+        """Give back `room`'s probe and limits' slots (else they lapse at their lifetime)."""
+        circuits, limits, _ = self._redis_parts()
+        if room.probe:
+            await circuits.drop_probe(line.name, room.probe)
+        if room.slots:
+            await limits.release(line.name, room.slots)
 
     async def _fly(
         self,
@@ -496,7 +693,8 @@ class AttemptEngine:
                 tracer=self._tracer,
             )
         if line.handler is not None:
-            await sinks.run_handler(line.handler, record, timeout_s=settings.delivery_timeout_s)
+            threads = self._handlers_of(line)
+            await threads.call(line.handler, record, timeout_s=settings.delivery_timeout_s)
             return None
         # Settings validation makes this unreachable.
         raise ConfigError(f"line {line.name!r}: sink {line.sink} is not configured")
@@ -541,9 +739,8 @@ class AttemptEngine:
         flights = [one.flight for one in ended]
         if line.http_sink:
             await self._count(flights, line)
-        held = [one.slot for one in ended if one.slot is not None]
-        if held:
-            await asyncio.to_thread(self._limits.release, line.name, held)
+        held = tuple(one.slot for one in ended if one.slot is not None)
+        self._give_back_room(line, _Room(ids=[], slots=held))
         results = await self._commits.put(lambda conn: self._write_outcomes(conn, flights, message))
         self._report(results, line)
         return {result.record_id: result for result in results}
@@ -562,10 +759,9 @@ class AttemptEngine:
         ]
         if not outcomes:
             return
+        circuits, _, _ = self._redis_parts()
         try:
-            counted = await asyncio.to_thread(
-                self._circuits.count_all, line.name, line.settings, outcomes
-            )
+            counted = await _within(circuits.count_all(line.name, line.settings, outcomes))
         except BrokerUnavailable as exc:
             log.warning("circuit_uncounted", line=line.name, error=str(exc))
             return
@@ -686,8 +882,18 @@ class AttemptEngine:
 
     # What keeps records from starting.
 
-    async def _is_paused(self, line: Line) -> bool:
-        return await asyncio.to_thread(self._paused.is_paused, line.name)
+    async def _is_paused(self, line: Line, run: _Run) -> bool:
+        """Whether `line` is paused, as read at most a second ago: read on the commit
+        queue's connection when due (the journal not answering, as last read)."""
+        known = self._paused.known()
+        if known is None:
+            run.waiting_for = "the pause's read"
+            try:
+                known = await self._commits.put(self._paused.read_in)
+            except JournalUnavailable as exc:
+                log.warning("paused_lines_unread", error=str(exc))
+                known = self._paused.last()
+        return line.name in known
 
     async def _hold_back_rest(self, ids: list[str], message: _Message) -> None:
         now = message.clock()
@@ -718,8 +924,28 @@ class AttemptEngine:
     def _slots_of(self, line: Line) -> _Slots:
         if line.name not in self._slots:
             size = line.settings.deliveries_in_flight if line.http_sink else 1
-            self._slots[line.name] = _Slots(free=size)
+            self._slots[line.name] = _Slots(size)
         return self._slots[line.name]
+
+    def _handlers_of(self, line: Line) -> sinks.HandlerThreads:
+        if line.name not in self._handlers:
+            size = line.settings.handler_threads
+            self._handlers[line.name] = sinks.HandlerThreads(line.name, size=size)
+        return self._handlers[line.name]
+
+    def _redis_parts(self) -> tuple[Circuits, DeliveryLimits, aioredis.Redis]:
+        """The circuits, the limits and their client, of this loop."""
+        if self._circuits is None or self._limits is None or self._redis is None:
+            self._redis = make_async_redis(self._redis_url, self._redis_options)
+            self._circuits, self._limits = Circuits(self._redis), DeliveryLimits(self._redis)
+        return self._circuits, self._limits, self._redis
+
+    def _start_by(self) -> float:
+        """When, on the loop's clock, what a message starting now has not started must
+        wait instead: within a quarter of its lease (`limit_wait_s`), so that its last
+        delivery, with its deadline, ends within its lease, and the message is acked
+        before kombu's visibility timeout would hand a copy of it out."""
+        return self._running_loop().time() + limit_wait_s(self._lease_s)
 
     def _start_span(self, record_id: str, message: _Message) -> Span:
         name, attributes = attempt_span(record_id, message.line)
@@ -729,6 +955,25 @@ class AttemptEngine:
             kind=SpanKind.CONSUMER,
             attributes=attributes,
         )
+
+
+# Why records of a handler line did not start.
+_STUCK = "every handler thread of {line} in this worker process is held by a call that overran"
+_STILL_RUNNING = "the handler's last call of the record has not returned"
+
+
+def _no_slot(waited_s: float) -> str:
+    return f"no delivery slot of this worker process came free within {max(waited_s, 0):.0f} s"
+
+
+async def _within(step: Awaitable[T]) -> T:
+    """A Redis step of the engine, within `REDIS_STEP_S`. Raises `BrokerUnavailable` when
+    Redis did not answer in time (or at all)."""
+    try:
+        async with asyncio.timeout(REDIS_STEP_S):
+            return await step
+    except TimeoutError as exc:
+        raise BrokerUnavailable(f"Redis did not answer within {REDIS_STEP_S:g} s") from exc
 
 
 def _mark_done_all(conn: Connection, claimed: list[Record], *, owner: str, now: datetime) -> None:

@@ -9,13 +9,13 @@ deadline and a second), so a killed worker never holds the line's slots for good
 
 from __future__ import annotations
 
-import contextlib
 import math
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import redis
+import redis.asyncio as aioredis
 
 from app.config.line_settings import LineSettings
 from app.errors import BrokerUnavailable
@@ -73,13 +73,16 @@ class Grant:
 
 
 class DeliveryLimits:
-    """The global limits of the lines' deliveries."""
+    """The global limits of the lines' deliveries, as the attempt engine asks them: on its
+    event loop, each ask one round trip."""
 
-    def __init__(self, client: redis.Redis) -> None:
+    def __init__(self, client: aioredis.Redis) -> None:
         self._redis = client
         self._ask = client.register_script(_ASK)
 
-    def ask(self, line: str, settings: LineSettings, *, want: int, lifetime_s: float) -> Grant:
+    async def ask(
+        self, line: str, settings: LineSettings, *, want: int, lifetime_s: float
+    ) -> Grant:
         """Ask for up to `want` deliveries of `line` now, in one round trip: as many as
         there are tokens of `delivery_rate` and slots under `delivery_concurrency` (each
         kept `lifetime_s` at most). Raises `BrokerUnavailable`."""
@@ -89,7 +92,7 @@ class DeliveryLimits:
         rate = settings.delivery_rate
         prefix = f"{uuid.uuid4().hex}:"
         try:
-            granted, wait_ms = self._ask(
+            granted, wait_ms = await self._ask(
                 keys=[BUCKET_KEY.format(line=line), SLOTS_KEY.format(line=line)],
                 args=[
                     want,
@@ -106,20 +109,15 @@ class DeliveryLimits:
         slots = tuple(f"{prefix}{i}" for i in range(1, count + 1)) if limited else ()
         return Grant(count=count, slots=slots, wait_s=int(wait_ms) / 1000)
 
-    def release(self, line: str, slots: Sequence[str]) -> None:
-        """Give back slots `ask` granted, in one round trip. A slot that cannot be given
-        back lapses."""
+    async def release(self, line: str, slots: Sequence[str]) -> None:
+        """Give back slots `ask` granted, in one round trip. Raises `BrokerUnavailable`
+        (the slots then lapse at their expiry)."""
         if not slots:
             return
-        with contextlib.suppress(redis.RedisError):  # else they lapse at their expiry
-            self._redis.zrem(SLOTS_KEY.format(line=line), *slots)
-
-    def in_flight(self, line: str) -> int:
-        """Deliveries of `line` holding a slot now (0 for a line without the limit)."""
         try:
-            return int(self._redis.zcard(SLOTS_KEY.format(line=line)))
-        except redis.RedisError:
-            return 0
+            await self._redis.zrem(SLOTS_KEY.format(line=line), *slots)
+        except redis.RedisError as exc:
+            raise BrokerUnavailable(f"the delivery limits of {line}: {exc}") from exc
 
 
 def bucket_capacity(rate: float) -> float:

@@ -21,7 +21,10 @@ import codecs
 import contextlib
 import email.utils
 import json
+import os
 import re
+import socket
+import threading
 import time
 import urllib.parse
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -30,6 +33,7 @@ from typing import Any
 
 import aiohttp
 import httpx
+import redis
 from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind, StatusCode, Tracer
 from pydantic import SecretStr
@@ -39,7 +43,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from app import standard_webhooks
 from app.clock import as_utc
 from app.config.sink_settings import DeliveredStatuses
-from app.errors import DeliveryFailed
+from app.errors import BrokerUnavailable, DeliveryFailed
 from app.journal.attempt_log import MAX_HTTP_ANSWER_LENGTH
 from app.journal.models import Record, order_status, orders, refunds, sink_rows
 from app.journal.store import among
@@ -62,6 +66,10 @@ MAX_RETRY_AFTER_S = 3600.0
 # How much of a refusal's answer the HTTP sink reads (bytes): the start of it is kept on
 # the attempt's row, the rest never read (a huge answer costs no more than a small one).
 MAX_ANSWER_BYTES = MAX_HTTP_ANSWER_LENGTH
+# How much of a delivered answer's body the HTTP sink reads (bytes) before it closes the
+# connection rather than read on: acknowledgements are small, and a downstream that sends
+# megabytes with its 2xx costs no more than one that sends nothing.
+MAX_DELIVERED_BYTES = 64 * 1024
 # How much of it a record's `last_error` quotes, whitespace collapsed.
 MAX_QUOTED_ANSWER = 300
 # A URL within a downstream's answer (it may echo ours, secrets and all).
@@ -213,7 +221,7 @@ async def deliver_http(  # noqa: PLR0913 - the line's delivery settings, keyword
                 ) as response:
                     status, answered = response.status, response.headers
                     if status in delivered:
-                        await response.read()
+                        await _read_delivered(response)
                     else:
                         answer = await _answer_start(response.content)
         except TimeoutError as exc:
@@ -240,6 +248,19 @@ async def deliver_http(  # noqa: PLR0913 - the line's delivery settings, keyword
             f"POST {shown}: HTTP {status}{words}", http_status=status, http_answer=said
         )
     return status
+
+
+async def _read_delivered(response: aiohttp.ClientResponse) -> None:
+    """Read a delivered answer's body, which nothing uses, up to `MAX_DELIVERED_BYTES`, so
+    that its connection can serve the next delivery. A longer body is not read on: the
+    connection is closed instead."""
+    read = 0
+    while read <= MAX_DELIVERED_BYTES:
+        chunk = await response.content.read(MAX_DELIVERED_BYTES + 1 - read)
+        if not chunk:
+            return
+        read += len(chunk)
+    response.close()
 
 
 async def _answer_start(content: aiohttp.StreamReader) -> str:
@@ -290,18 +311,92 @@ def client_span(tracer: Tracer, url: str, headers: dict[str, str]) -> Iterator[S
         yield span
 
 
-async def run_handler(
-    handler: Callable[[Record], object], record: Record, *, timeout_s: float
-) -> None:
-    """Run a line's handler on `record`, on a thread, within `timeout_s`. Raises what the
-    handler raised, or `TimeoutError` when it has not returned by then (its thread cannot
-    be stopped: it runs on, and the attempt is failed, to be retried: a handler is
-    idempotent, as every sink is)."""
+# A worker process whose every handler thread of a line is held by a call that overran
+# says so here (`stuck_handlers`), for the line's health; the key lapses a minute after
+# its last word, and goes when a call returns.
+HANDLERS_STUCK_KEY = "pipeline:handlers_stuck:{line}:{process}"
+HANDLERS_STUCK_TTL_S = 60
+
+
+def stuck_handlers(client: redis.Redis, line: str) -> int:
+    """How many worker processes say every handler thread of `line` is held. Raises
+    `BrokerUnavailable`."""
+    match = HANDLERS_STUCK_KEY.format(line=line, process="*")
     try:
-        async with asyncio.timeout(timeout_s):
-            await asyncio.to_thread(handler, record)
-    except TimeoutError as exc:
-        raise TimeoutError(f"the handler did not return within {timeout_s:g} s") from exc
+        return sum(1 for _ in client.scan_iter(match=match, count=100))
+    except redis.RedisError as exc:
+        raise BrokerUnavailable(f"stuck handlers of {line}: {exc}") from exc
+
+
+class HandlerThreads:
+    """A handler line's calls in this process: each on a daemon thread of its own, at most
+    `size` at once. A call that overruns its deadline cannot be stopped: it keeps its
+    thread until it returns, and its record is not called again meanwhile. Used on the
+    engine's loop only."""
+
+    def __init__(self, line: str, *, size: int) -> None:
+        self._line = line
+        self._size = size
+        # Records whose call has not returned, overrunning ones included.
+        self._running: set[str] = set()
+        self.stuck_key = HANDLERS_STUCK_KEY.format(
+            line=line, process=f"{socket.gethostname()}:{os.getpid()}"
+        )
+        self.said_stuck = False  # whether `stuck_key` says so now
+
+    @property
+    def free(self) -> int:
+        """Threads no call holds."""
+        return self._size - len(self._running)
+
+    def running(self, record_id: str) -> bool:
+        """Whether a call of `record_id` has not returned yet."""
+        return record_id in self._running
+
+    async def call(
+        self, handler: Callable[[Record], object], record: Record, *, timeout_s: float
+    ) -> None:
+        """Run `handler(record)` on a thread of its own (the caller has made sure one is
+        free), within `timeout_s`. Raises what the handler raised, or `TimeoutError` when it
+        has not returned by then: the attempt fails, to be retried once this call has
+        returned (a handler is idempotent, as every sink is)."""
+        loop = asyncio.get_running_loop()
+        returned: asyncio.Future[None] = loop.create_future()
+        self._running.add(record.id)
+        returned.add_done_callback(lambda done: self._returned(record.id, done))
+
+        def run() -> None:
+            error: BaseException | None = None
+            try:
+                handler(record)
+            except BaseException as exc:  # noqa: BLE001 - the attempt's, handed to the loop
+                error = exc
+            with contextlib.suppress(RuntimeError):  # the loop has closed: nobody waits
+                loop.call_soon_threadsafe(_settle, returned, error)
+
+        threading.Thread(target=run, name=f"handler-{self._line}", daemon=True).start()
+        try:
+            async with asyncio.timeout(timeout_s):
+                await asyncio.shield(returned)
+        except TimeoutError as exc:
+            raise TimeoutError(
+                f"the handler did not return within {timeout_s:g} s (its call runs on, "
+                "holding one of the line's handler threads until it returns)"
+            ) from exc
+
+    def _returned(self, record_id: str, done: asyncio.Future[None]) -> None:
+        self._running.discard(record_id)
+        if not done.cancelled():
+            done.exception()  # retrieved: a late error of an overrun call is no attempt's
+
+
+def _settle(future: asyncio.Future[None], error: BaseException | None) -> None:
+    if future.done():
+        return
+    if error is None:
+        future.set_result(None)
+    else:
+        future.set_exception(error)
 
 
 def retry_after(status: int, headers: Mapping[str, str], *, now_s: float) -> float | None:

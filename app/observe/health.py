@@ -211,6 +211,7 @@ REASON_CODES = {
     Event.BACKLOG: "backlog",
     Event.DOWNSTREAM_DOWN: "circuit_open",
     Event.WORKER_STALLED: "stalled_worker",
+    Event.HANDLER_STUCK: "handler_stuck",
     Event.QUEUE_FULL: "queue_full",
 }
 

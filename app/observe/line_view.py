@@ -17,6 +17,7 @@ import redis
 from app.admission.pause import LinePause
 from app.admission.senders import SenderShare
 from app.delivery.circuit import CircuitState
+from app.delivery.sinks import stuck_handlers
 from app.errors import BrokerUnavailable
 from app.journal import store
 from app.journal.journal import Journal
@@ -48,7 +49,7 @@ class QueueDepths(Protocol):
 
 
 class CircuitView(Protocol):
-    """The lines' circuits (`app.delivery.circuit.Circuits`)."""
+    """The lines' circuits (`app.delivery.circuit.CircuitReader`)."""
 
     def state(self, line: str) -> CircuitState:
         """Raises `BrokerUnavailable`."""
@@ -79,6 +80,9 @@ class LineStatus:
     # Workers whose heartbeat lives but whose consumer takes nothing (not live); None when
     # Redis does not answer.
     stalled_workers: int | None = None
+    # Worker processes whose every handler thread of the line is held by a call that
+    # overran; None when Redis does not answer.
+    stuck_handlers: int | None = None
     # The circuit of an HTTP-sink line (open: its downstream fails most deliveries); None
     # for another sink, or when Redis does not answer.
     circuit: CircuitState | None = None
@@ -109,6 +113,7 @@ class QueueView:
     live_workers: int
     messages: int = 0
     stalled_workers: int = 0
+    stuck_handlers: int = 0
     circuit: CircuitState | None = None
     senders: list[SenderShare] = field(default_factory=list)
 
@@ -179,6 +184,7 @@ class LineView:
                 senders=self.queues.senders(line.queue),
                 live_workers=len(beats) - stalled,
                 stalled_workers=stalled,
+                stuck_handlers=stuck_handlers(self.redis, line.name) if line.handler else 0,
                 circuit=circuit,
             )
         return views
@@ -206,6 +212,7 @@ class LineView:
                     overflow=line.settings.overflow.value,
                     live_workers=queue.live_workers if queue else None,
                     stalled_workers=queue.stalled_workers if queue else None,
+                    stuck_handlers=queue.stuck_handlers if queue else None,
                     circuit=queue.circuit if queue else None,
                     fair_share=line.settings.fair_share,
                     senders=queue.senders if queue else None,

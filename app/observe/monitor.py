@@ -113,6 +113,7 @@ def judge_line(row: LineStatus, *, backlog_after_s: float, verdict: Verdict) -> 
         Event.BACKLOG: True,
         Event.NO_CONSUMER: row.live_workers is not None or row.paused,
         Event.WORKER_STALLED: row.stalled_workers is not None,
+        Event.HANDLER_STUCK: row.stuck_handlers is not None,
         Event.DOWNSTREAM_DOWN: row.circuit is not None,
         Event.QUEUE_FULL: row.queue_depth is not None,
     }
@@ -129,7 +130,7 @@ def judge_line(row: LineStatus, *, backlog_after_s: float, verdict: Verdict) -> 
 
 def more_findings(row: LineStatus) -> list[Finding]:
     """The conditions of `row` besides `check_line`'s: an open circuit, stalled workers,
-    a full queue."""
+    stuck handler threads, a full queue."""
     found: list[Finding] = []
     if row.circuit is not None and row.circuit.state is State.OPEN:
         since = row.circuit.opened_at.isoformat() if row.circuit.opened_at else "unknown"
@@ -148,6 +149,16 @@ def more_findings(row: LineStatus) -> list[Finding]:
                 message=f"{row.stalled_workers} worker(s) of {row.line!r} take nothing from "
                 "its queue while their heartbeat lives",
                 details={"stalled_workers": row.stalled_workers},
+            )
+        )
+    if row.stuck_handlers:
+        found.append(
+            Finding(
+                event=Event.HANDLER_STUCK,
+                message=f"{row.stuck_handlers} worker process(es) of {row.line!r} have every "
+                "handler thread held by a call that overran: nothing of the line starts "
+                "there until one returns",
+                details={"stuck_handlers": row.stuck_handlers},
             )
         )
     if row.queue_depth is not None and row.queue_depth >= row.max_queue_length:

@@ -24,6 +24,8 @@ class Event(StrEnum):
     REPLAY_FINISHED = "REPLAY_FINISHED"
     WORKER_STALLED = "WORKER_STALLED"
     DOWNSTREAM_DOWN = "DOWNSTREAM_DOWN"
+    # Every handler thread of a line in a worker process is held by a call that overran.
+    HANDLER_STUCK = "HANDLER_STUCK"
     # An incident (a condition alert) is over: `details.incident` names its event.
     RESOLVED = "RESOLVED"
 

@@ -86,6 +86,7 @@ CONDITIONS = frozenset(
         Event.QUEUE_FULL,
         Event.DOWNSTREAM_DOWN,
         Event.WORKER_STALLED,
+        Event.HANDLER_STUCK,
         Event.BROKER_DOWN,
         Event.JOURNAL_DOWN,
     }

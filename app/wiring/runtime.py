@@ -19,9 +19,8 @@ from app.admission.push import Pusher
 from app.clock import utcnow
 from app.config.redis import make_redis
 from app.config.settings import Settings, redis_options
-from app.delivery.circuit import Circuits
+from app.delivery.circuit import CircuitReader
 from app.delivery.engine import AttemptEngine
-from app.delivery.limits import DeliveryLimits
 from app.delivery.sinks import make_http_client
 from app.journal.engine import make_engine
 from app.journal.journal import Journal
@@ -57,7 +56,7 @@ class Runtime:
     alerts: Alerter
     telemetry: Telemetry
     acceptor: Acceptor
-    circuits: Circuits
+    circuits: CircuitReader
     attempts: AttemptEngine
     sweeper: Sweeper
     lost: LostMessages
@@ -97,7 +96,7 @@ class Runtime:
         acceptor = Acceptor(
             journal=journal, pusher=pusher, alerts=alerts, lines=lines, paused=paused
         )
-        circuits = Circuits(client)
+        circuits = CircuitReader(client)
         view = LineView(
             journal=journal,
             queues=pusher,
@@ -123,8 +122,8 @@ class Runtime:
                 lines=lines,
                 telemetry=telemetry,
                 alerts=alerts,
-                circuits=circuits,
-                limits=DeliveryLimits(client),
+                redis_url=settings.redis_url,
+                redis_options=redis_options(settings),
                 paused=paused,
                 tracer=tracer,
                 lease_s=settings.lease_seconds,

@@ -11,7 +11,6 @@ from app.delivery.circuit import (
     RAMP_S,
     Admission,
     Change,
-    Circuits,
     Health,
     Outcome,
     State,
@@ -19,6 +18,7 @@ from app.delivery.circuit import (
     counts_against,
     health_of,
 )
+from tests.support.circuits import CircuitsNow
 
 pytestmark = pytest.mark.journal_independent
 
@@ -46,7 +46,7 @@ def test_only_a_delivery_says_up_and_a_refusal_says_nothing() -> None:
 
 
 def test_a_refusal_is_not_counted_and_closes_no_circuit_and_frees_the_probe(harness):
-    circuits = Circuits(harness.runtime().redis)
+    circuits = CircuitsNow(harness.settings().redis_url)
     for _ in range(20):  # closed: refusals count neither way
         assert circuits.count("r", SETTINGS, health=Health.UNSAID).counted == 0
     for _ in range(9):
@@ -69,7 +69,7 @@ def test_a_refusal_is_not_counted_and_closes_no_circuit_and_frees_the_probe(harn
 
 
 def test_it_opens_when_most_of_enough_deliveries_failed_and_a_success_closes_it(harness):
-    circuits = Circuits(harness.runtime().redis)
+    circuits = CircuitsNow(harness.settings().redis_url)
     for _ in range(5):
         assert circuits.count("a", SETTINGS, health=Health.UP).change is Change.NONE
     for _ in range(5):  # half failed: not most
@@ -91,13 +91,13 @@ def test_it_opens_when_most_of_enough_deliveries_failed_and_a_success_closes_it(
 
 
 def test_too_few_deliveries_never_open_it(harness):
-    circuits = Circuits(harness.runtime().redis)
+    circuits = CircuitsNow(harness.settings().redis_url)
     for _ in range(9):
         assert circuits.count("few", SETTINGS, health=Health.DOWN).state is State.CLOSED
 
 
 def test_one_probe_at_a_time_and_the_next_one_after_the_interval(harness):
-    circuits = Circuits(harness.runtime().redis)
+    circuits = CircuitsNow(harness.settings().redis_url)
     for _ in range(10):
         circuits.count("p", SETTINGS, health=Health.DOWN)
     assert circuits.admit("p", SETTINGS, owner="x", probe_lifetime_s=30).admission is Admission.WAIT
@@ -134,7 +134,7 @@ def test_one_probe_at_a_time_and_the_next_one_after_the_interval(harness):
 
 
 def test_after_a_close_deliveries_come_back_on_a_ramp(harness):
-    circuits = Circuits(harness.runtime().redis)
+    circuits = CircuitsNow(harness.settings().redis_url)
     for _ in range(10):
         circuits.count("ramp", SETTINGS, health=Health.DOWN)
     assert circuits.state("ramp").state is State.OPEN
@@ -165,7 +165,7 @@ def test_after_a_close_deliveries_come_back_on_a_ramp(harness):
 
 
 def test_a_retry_after_holds_the_line_and_each_wait_says_what_it_waits_for(harness):
-    circuits = Circuits(harness.runtime().redis)
+    circuits = CircuitsNow(harness.settings().redis_url)
     asked = Outcome(health=Health.DOWN, retry_after_s=2)
     counted = circuits.count_all("held", SETTINGS, [Outcome(health=Health.UP), asked])
     assert counted.state is State.CLOSED

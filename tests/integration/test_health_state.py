@@ -13,6 +13,7 @@ from app.clock import utcnow
 from app.delivery.circuit import Health, Outcome
 from app.local.embedded_redis import RedisServer
 from app.observe.liveness import ConsumerReport, publish_heartbeat
+from tests.support.circuits import CircuitsNow
 from tests.support.processes import free_port, wait_for
 
 
@@ -77,7 +78,9 @@ def test_an_open_circuit_makes_the_page_degraded_and_named(harness):
     rt = harness.runtime()
     line = rt.lines.get("shipment")
     outcomes = [Outcome(health=Health.DOWN)] * (line.settings.circuit_min_attempts + 1)
-    counted = rt.circuits.count_all("shipment", line.settings, outcomes)
+    counted = CircuitsNow(harness.settings().redis_url).count_all(
+        "shipment", line.settings, outcomes
+    )
     assert counted.state.value == "open"
     client = harness.start_intake()
     answer = _health(client)
