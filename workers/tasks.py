@@ -19,7 +19,7 @@ from celery.signals import worker_process_shutdown, worker_shutdown
 from app.admission.push import TASK_NAME, TRACEPARENTS_HEADER
 from app.celery_app import pipeline_settings
 from app.delivery.outcomes import NOT_ATTEMPTED, AttemptResult, WaitingFor, waiting_for
-from app.errors import JournalUnavailable
+from app.errors import AttemptsOverran, JournalUnavailable
 from app.journal import store
 from app.journal.models import Record
 from app.lines import Line
@@ -133,6 +133,10 @@ def process(self: Task[Any, Any], record_ids: str | list[str]) -> str | list[str
         log.warning("journal_unavailable_requeued", record_ids=ids[:10], error=str(exc))
         time.sleep(JOURNAL_RETRY_PAUSE_S)
         raise Reject(str(exc), requeue=True) from exc
+    except AttemptsOverran as exc:
+        # Its attempts go on and settle their records; what never starts is swept again.
+        log.error("attempts_overran", record_ids=ids[:10], error=str(exc))  # noqa: TRY400 - the error says it all; the traceback is only this task's wait
+        raise AttemptFailed(str(exc)[:MAX_FAILURE_TEXT]) from exc
     found = [by_id.get(record_id) or AttemptResult(record_id=record_id) for record_id in ids]
     failures = [_failure(result) for result in found if result.failed]
     failures += _postponed(rt, [result.record_id for result in found if result.record is None])

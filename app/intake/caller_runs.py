@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import anyio
 from fastapi import Request
 
-from app.errors import JournalUnavailable
+from app.errors import AttemptsOverran, JournalUnavailable
 from app.intake.gate import LINE_SHARE
 from app.journal import store
 from app.journal.models import RecordStatus
@@ -78,8 +78,8 @@ async def run_in_request(
     request: Request, rt: Runtime, line: Line, record_id: str
 ) -> RecordStatus | None:
     """Run the record in this request, within its line's room: the status the attempt
-    left it in. None when the request is past its line's share, or when the journal failed
-    (the record is committed: the sweeper finishes it)."""
+    left it in. None when the request is past its line's share, when the journal failed or
+    the attempt overran its bound (the record is committed: the sweeper finishes it)."""
     with caller_run_room(request, line).taken() as limiter:
         if limiter is None:
             return None
@@ -87,5 +87,5 @@ async def run_in_request(
             return await anyio.to_thread.run_sync(
                 functools.partial(run_here, rt, line, record_id), limiter=limiter
             )
-        except JournalUnavailable:
+        except (JournalUnavailable, AttemptsOverran):
             return None

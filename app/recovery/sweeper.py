@@ -17,6 +17,7 @@ from datetime import datetime
 
 from app.admission.pause import PausedLines
 from app.admission.push import Pusher
+from app.delivery.circuit import CircuitReader, State
 from app.errors import BrokerUnavailable
 from app.journal import claims
 from app.journal.claims import Senders
@@ -56,6 +57,8 @@ class Sweeper:
     received_grace_s: float
     # A paused line's records are not pushed: they wait in the journal for its resume.
     paused: PausedLines | None = None
+    # While an HTTP-sink line's circuit is open, its records wait in the journal but one.
+    circuits: CircuitReader | None = None
 
     def sweep(self, *, now: datetime) -> SweepResult:
         """One pass over the journal, at most `max_per_run` records.
@@ -120,7 +123,7 @@ class Sweeper:
             rooms = waiting.rooms_behind(line.queue, behind, most=line.sender_max)
             steps = [Senders(skipping=behind)]
             steps += [Senders(only=sender, room=rooms[sender]) for sender in behind]
-            budget, finished = self.max_per_run, []
+            budget, finished = self._budget(line), []
             for senders in steps:
                 done, claimed = self._push_due(
                     line, epoch=epoch, now=now, result=result, budget=budget, senders=senders
@@ -133,6 +136,21 @@ class Sweeper:
             if finished[0] or cleared:
                 senders_done = [sender for sender in cleared if sender is not None]
                 waiting.settle(line.queue, mark=mark, line=finished[0], senders=senders_done)
+
+    def _budget(self, line: Line) -> int:
+        """The most records of `line` this pass pushes: while its circuit is open, one (the
+        next probe's candidate) when no probe is out, else none. The others wait where
+        they are, in the journal, instead of each making a round through the queue and a
+        worker every probe interval of the outage; the ramp paces them once it closes."""
+        if self.circuits is None or not line.http_sink:
+            return self.max_per_run
+        try:
+            circuit = self.circuits.state(line.name)
+        except BrokerUnavailable:
+            return self.max_per_run  # the push will say so
+        if circuit.state is not State.OPEN:
+            return self.max_per_run
+        return 0 if circuit.probing else 1
 
     def _push_due(
         self,

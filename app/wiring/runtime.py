@@ -138,6 +138,7 @@ class Runtime:
                 batch_limit=settings.sweep_batch_size,
                 received_grace_s=settings.received_grace_seconds,
                 paused=paused,
+                circuits=circuits,
             ),
             lost=LostMessages(
                 journal=journal,
