@@ -137,5 +137,9 @@ class LineRegistry:
     def names(self) -> list[str]:
         return list(self._lines)
 
+    def http_sink_names(self) -> list[str]:
+        """The lines that deliver to an HTTP downstream (those with a circuit)."""
+        return [name for name, line in self._lines.items() if line.http_sink]
+
     def __iter__(self) -> Any:
         return iter(self._lines.values())

@@ -24,6 +24,9 @@ from app.cli.output import (
     table,
 )
 from app.clock import as_utc, utcnow
+from app.config.redis import make_redis
+from app.config.settings import redis_options
+from app.delivery.circuit import CircuitReader
 from app.delivery.outcomes import waiting_for
 from app.errors import RecordNotFound
 from app.journal import attempt_log, audit, store
@@ -32,6 +35,7 @@ from app.journal.audit import MAX_REASON_LENGTH, cli_actor
 from app.journal.journal import Journal
 from app.journal.models import Record, RecordStatus, Source
 from app.journal.store import RecordFilter
+from app.lines import LineRegistry
 from app.telemetry.tracing import trace_id_of
 
 if TYPE_CHECKING:
@@ -107,7 +111,19 @@ def _filter(options: Mapping[str, Any]) -> RecordFilter:
     return where
 
 
-def _records_table(items: list[Record]) -> Table:
+def _open_circuits() -> frozenset[str]:
+    """The HTTP-sink lines whose circuit is open now (their failed records wait for the
+    downstream); none when Redis does not answer."""
+    settings = settings_for_command()
+    client = make_redis(settings.redis_url, redis_options(settings))
+    try:
+        names = LineRegistry.from_settings(settings).http_sink_names()
+        return CircuitReader(client).open_among(names)
+    finally:
+        client.close()
+
+
+def _records_table(items: list[Record], *, open_circuits: frozenset[str] = frozenset()) -> Table:
     """A table of records. Cells are plain `Text`: a business number or an error that looks
     like rich markup (`[red]`) is shown as it is. The error is shown whole, folded onto
     more lines: its end (the status code, the downstream's answer) says the most."""
@@ -128,7 +144,7 @@ def _records_table(items: list[Record]) -> Table:
             Text(r.id),
             Text(r.line),
             Text(r.business_no),
-            _status_text(r),
+            _status_text(r, open_circuits=open_circuits),
             Text(str(r.attempts)),
             Text(error),
             Text(r.created_at.strftime("%Y-%m-%dT%H:%M:%SZ")),
@@ -165,14 +181,20 @@ def records_list(  # noqa: PLR0913 - one argument per option
             last = attempt_log.last_attempts(conn, [r.id for r in page.items]) if as_json else {}
     finally:
         engine.dispose()
+    down = (
+        _open_circuits()
+        if any(r.status is RecordStatus.FAILED for r in page.items)
+        else frozenset()
+    )
     if as_json:
         items = [
-            record_view(r) | {"last_attempt": a.summary() if (a := last.get(r.id)) else None}
+            record_view(r, open_circuits=down)
+            | {"last_attempt": a.summary() if (a := last.get(r.id)) else None}
             for r in page.items
         ]
         print_json({"items": items, "next": page.next})
         return
-    show(_records_table(page.items))
+    show(_records_table(page.items, open_circuits=down))
     print(f"next: {page.next}" if page.next else "next: none (last page)")
 
 
@@ -353,10 +375,10 @@ def records_show(
     show(_record_fields(record), _attempts_table(history))
 
 
-def _status_text(record: Record) -> Text:
-    """A record's status; a `failed` record that spent no attempt is shown waiting (for its
-    downstream, or for room), not as a failure."""
-    waiting = waiting_for(record)
+def _status_text(record: Record, *, open_circuits: frozenset[str] = frozenset()) -> Text:
+    """A record's status; a `failed` record that spent no attempt, or whose line's circuit
+    is open, is shown waiting (for its downstream, or for room), not as a failure."""
+    waiting = waiting_for(record, circuit_open=record.line in open_circuits)
     if waiting is not None:
         return Text(f"{record.status.value}, waiting for {waiting.value}", style="cyan")
     return Text(record.status.value, style=_STYLE.get(record.status, ""))

@@ -26,7 +26,7 @@ outcomes that ended together at once (`count_all`): one round trip each, on its 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -365,6 +365,14 @@ class CircuitReader:
             next_probe_at=_at(found.get("next_probe_ms")),
             probing="probe" in found,
         )
+
+    def open_among(self, lines: Iterable[str]) -> frozenset[str]:
+        """Which of `lines` have their circuit open now (none when Redis does not answer:
+        nothing can be said of them then)."""
+        try:
+            return frozenset(line for line in lines if self.state(line).state is State.OPEN)
+        except BrokerUnavailable:
+            return frozenset()
 
 
 def _text(value: object) -> str:

@@ -62,12 +62,16 @@ def ramping(line: str) -> str:
     return f"the circuit of {line} closed moments ago: its deliveries come back on a ramp"
 
 
-def waiting_for(record: Record) -> WaitingFor | None:
-    """What `record` waits for, when it is `failed` without its attempt spent (None: it
-    is not, or its last attempt failed for its own sake)."""
+def waiting_for(record: Record, *, circuit_open: bool = False) -> WaitingFor | None:
+    """What `record` waits for, when it is `failed` without its attempt spent, or while
+    its line's circuit is `circuit_open` (its retry waits for the downstream then,
+    whatever failed its last attempt). None: it is not, or its last attempt failed for its
+    own sake."""
     error = record.last_error or ""
     if record.status is not RecordStatus.FAILED:
         return None
+    if circuit_open:
+        return WaitingFor.DOWNSTREAM
     if NOT_COUNTED in error:
         return WaitingFor.DOWNSTREAM
     if not error.startswith(NOT_ATTEMPTED):

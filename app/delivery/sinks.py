@@ -374,7 +374,11 @@ class HandlerThreads:
             with contextlib.suppress(RuntimeError):  # the loop has closed: nobody waits
                 loop.call_soon_threadsafe(_settle, returned, error)
 
-        threading.Thread(target=run, name=f"handler-{self._line}", daemon=True).start()
+        try:
+            threading.Thread(target=run, name=f"handler-{self._line}", daemon=True).start()
+        except RuntimeError:  # no thread could start: the call never began
+            returned.cancel()
+            raise
         try:
             async with asyncio.timeout(timeout_s):
                 await asyncio.shield(returned)

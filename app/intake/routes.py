@@ -222,7 +222,8 @@ def get_record(
             raise RecordNotFound(f"no record {record_id!r}")
         history = attempt_log.history(conn, record_id)
         rows = audit.newest(conn, limit=RECORD_AUDIT_ROWS, target=f"record:{record_id}")
-    view = record_view(record, history, include_payload=include_payload)
+    down = rt.circuits.open_among(rt.lines.http_sink_names())
+    view = record_view(record, history, include_payload=include_payload, open_circuits=down)
     view["audit"] = [row.public() for row in rows]
     return view
 

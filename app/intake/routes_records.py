@@ -101,9 +101,10 @@ def list_records(  # noqa: PLR0913 - the filters of the query string, one argume
         )
         last = attempt_log.last_attempts(conn, [record.id for record in page.items])
     items = []
+    down = rt.circuits.open_among(rt.lines.http_sink_names())
     for record in page.items:
         attempt = last.get(record.id)
-        view = record_view(record, include_payload=include_payload)
+        view = record_view(record, include_payload=include_payload, open_circuits=down)
         items.append(view | {"last_attempt": None if attempt is None else attempt.summary()})
     return {"items": items, "next": page.next}
 

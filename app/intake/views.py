@@ -22,7 +22,11 @@ def payload_bytes(record: Record) -> int:
 
 
 def record_view(
-    record: Record, history: Sequence[Attempt] | None = None, *, include_payload: bool = True
+    record: Record,
+    history: Sequence[Attempt] | None = None,
+    *,
+    include_payload: bool = True,
+    open_circuits: frozenset[str] = frozenset(),
 ) -> dict[str, Any]:
     """A record as `GET /v1/records…` shows it: times in ISO 8601 UTC, and its payload's
     size (`payload_bytes`). With `history` (the record's attempts, oldest first), it shows
@@ -41,9 +45,9 @@ def record_view(
         "payload_bytes": payload_bytes(record),
         "last_error": record.last_error,
         # `downstream` or `room` for a `failed` record that waits without spending an
-        # attempt (its line's circuit open, its downstream's Retry-After, no room in time);
-        # None otherwise.
-        "waiting_for": waiting_for(record),
+        # attempt (its line's circuit open, its downstream's Retry-After, no room in time),
+        # or whose line's circuit is open (`open_circuits`); None otherwise.
+        "waiting_for": waiting_for(record, circuit_open=record.line in open_circuits),
         "created_at": record.created_at.isoformat(),
         "updated_at": record.updated_at.isoformat(),
         "finished_at": record.finished_at.isoformat() if record.finished_at else None,
