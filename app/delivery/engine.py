@@ -249,8 +249,9 @@ class AttemptEngine:
         self._limits: DeliveryLimits | None = None
         self._slots: dict[str, _Slots] = {}
         self._handlers: dict[str, sinks.HandlerThreads] = {}
-        # Steps that outlive what started them (giving back a room), kept from the GC.
-        self._tail: set[asyncio.Task[None]] = set()
+        # Deliveries, and steps that outlive what started them (giving back a room), kept
+        # from the GC.
+        self._tail: set[asyncio.Future[None]] = set()
 
     # The loop, and the way in from other threads.
 
@@ -546,7 +547,7 @@ class AttemptEngine:
         for record in claimed:
             probe = room.probe if record.id == room.ids[0] else ""
             fly = self._fly(record, message, probe, held.get(record.id), slots, landed)
-            asyncio.create_task(fly)  # noqa: RUF006 - it reports on `landed`, awaited there
+            self._keep(asyncio.ensure_future(fly))  # it reports on `landed`, awaited there
         run.started += len(claimed)
 
     async def _handler_room(self, ids: list[str], message: _Message) -> list[str]:
@@ -614,7 +615,10 @@ class AttemptEngine:
             except BrokerUnavailable as exc:
                 log.warning("redis_step_skipped", error=str(exc))
 
-        task = asyncio.ensure_future(bounded())
+        self._keep(asyncio.ensure_future(bounded()))
+
+    def _keep(self, task: asyncio.Future[None]) -> None:
+        """Keep `task` referenced until it ends (the loop keeps only weak references)."""
         self._tail.add(task)
         task.add_done_callback(self._tail.discard)
 
