@@ -506,6 +506,9 @@ class AttemptEngine:
                     return
             run.waiting_for = "a delivery slot of this process"
             left_s = message.start_by - loop.time()
+            if left_s <= 0:
+                await self._postpone(waiting, message, _WINDOW_PASSED)
+                return
             run.slots = await slots.take(len(waiting), timeout_s=left_s)
             if run.slots == 0:
                 await self._postpone(waiting, message, _no_slot(left_s))
@@ -513,6 +516,8 @@ class AttemptEngine:
             room = await self._room(waiting[: run.slots], message, run)
             slots.give(run.slots - len(room.ids))
             run.slots, run.room = len(room.ids), room
+            if room.ids and loop.time() > message.start_by:  # the room came too late
+                room = dataclasses.replace(room, ids=[], why=_WINDOW_PASSED, wait_s=1.0)
             if not room.ids:
                 self._give_back(run, line)
                 await self._postpone(waiting, message, room.why, after_s=room.wait_s)
@@ -964,6 +969,9 @@ class AttemptEngine:
 # Why records of a handler line did not start.
 _STUCK = "every handler thread of {line} in this worker process is held by a call that overran"
 _STILL_RUNNING = "the handler's last call of the record has not returned"
+# Why the rest of a message did not start: past its start window (`_start_by`), a start
+# could outlive its lease and its message kombu's visibility timeout.
+_WINDOW_PASSED = "its message's start window passed (a quarter of the lease)"
 
 
 def _no_slot(waited_s: float) -> str:
