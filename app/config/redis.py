@@ -23,6 +23,8 @@ timeout, never a hang."""
 
 from __future__ import annotations
 
+import asyncio
+import math
 import re
 import time
 import urllib.parse
@@ -182,9 +184,26 @@ def _replace_if_idle(conn: AbstractConnection) -> None:
     connection costs one connect and never waits on a dead one."""
     if conn.health_check_interval and time.monotonic() > conn.next_health_check:
         conn.disconnect()  # type: ignore[no-untyped-call]
-        # Set first: the handshake's own commands check health too.
-        conn.next_health_check = time.monotonic() + conn.health_check_interval  # type: ignore[assignment]
-        conn.connect()  # type: ignore[no-untyped-call]
+        # The handshake's own commands check health too: not again while it runs, however
+        # long it takes (against a Redis that accepts and never answers, each command of
+        # it waits the socket timeout, past the interval: that replaced it again, forever).
+        conn.next_health_check = math.inf  # type: ignore[assignment]
+        try:
+            conn.connect()  # type: ignore[no-untyped-call]
+        finally:
+            conn.next_health_check = time.monotonic() + conn.health_check_interval  # type: ignore[assignment]
+
+
+async def _replace_if_idle_async(conn: aioredis.connection.AbstractConnection) -> None:
+    """`_replace_if_idle` of an asyncio connection."""
+    loop_time = asyncio.get_running_loop().time
+    if conn.health_check_interval and loop_time() > conn.next_health_check:
+        await conn.disconnect()
+        conn.next_health_check = math.inf
+        try:
+            await conn.connect()  # type: ignore[no-untyped-call]
+        finally:
+            conn.next_health_check = loop_time() + conn.health_check_interval
 
 
 class Connection(redis.Connection):
@@ -216,7 +235,39 @@ class SentinelConnection(SentinelManagedConnection):
         _replace_if_idle(self)
 
 
+class AsyncConnection(aioredis.Connection):
+    """An asyncio TCP connection replaced, not pinged, when idle past the interval."""
+
+    async def check_health(self) -> None:
+        await _replace_if_idle_async(self)
+
+
+class AsyncSSLConnection(aioredis.SSLConnection):
+    """An asyncio TLS connection replaced, not pinged, when idle past the interval."""
+
+    async def check_health(self) -> None:
+        await _replace_if_idle_async(self)
+
+
+class AsyncUnixDomainSocketConnection(aioredis.UnixDomainSocketConnection):
+    """An asyncio Unix-socket connection replaced, not pinged, when idle past the interval."""
+
+    async def check_health(self) -> None:
+        await _replace_if_idle_async(self)
+
+
+class AsyncSentinelConnection(aiosentinel.SentinelManagedConnection):
+    """An asyncio connection to Sentinel's primary, replaced, not pinged, when idle past
+    the interval."""
+
+    async def check_health(self) -> None:
+        await _replace_if_idle_async(self)
+
+
 _REPLACED_WHEN_IDLE: dict[type, type] = {
+    aioredis.Connection: AsyncConnection,
+    aioredis.SSLConnection: AsyncSSLConnection,
+    aioredis.UnixDomainSocketConnection: AsyncUnixDomainSocketConnection,
     redis.Connection: Connection,
     redis.SSLConnection: SSLConnection,
     redis.UnixDomainSocketConnection: UnixDomainSocketConnection,
@@ -255,13 +306,15 @@ def make_async_redis(url: str, options: dict[str, Any] | None = None) -> aioredi
         client: aioredis.Redis = sentinel.master_for(
             parsed.master,
             redis_class=aioredis.Redis,
+            connection_class=AsyncSentinelConnection,
             db=parsed.db,
             username=parsed.username,
             password=parsed.password,
             **options,
         )
         return client
-    return aioredis.Redis.from_url(url, **options)
+    base = aioredis.connection.parse_url(url).get("connection_class", aioredis.Connection)
+    return aioredis.Redis.from_url(url, connection_class=replaced_when_idle(base), **options)
 
 
 def _sentinel_primary(url: str, options: dict[str, Any]) -> redis.Redis:

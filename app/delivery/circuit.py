@@ -353,17 +353,23 @@ class CircuitReader:
     def state(self, line: str) -> CircuitState:
         """`line`'s circuit now. Raises `BrokerUnavailable`."""
         try:
-            fields = self._redis.hgetall(CIRCUIT_KEY.format(line=line))
+            with self._redis.pipeline(transaction=False) as pipe:
+                pipe.hgetall(CIRCUIT_KEY.format(line=line))
+                pipe.time()
+                fields, (seconds, micros) = pipe.execute()
         except redis.RedisError as exc:
             raise BrokerUnavailable(f"the circuit of {line}: {exc}") from exc
         found = {_text(k): _text(v) for k, v in fields.items()}
         if found.get("state") != State.OPEN:
             return CircuitState(state=State.CLOSED)
+        # A probe is out until its outcome is counted, or past its lifetime (its worker
+        # died, or its count was lost): on Redis's clock, as the admission judges it.
+        now_ms = int(seconds) * 1000 + int(micros) // 1000
         return CircuitState(
             state=State.OPEN,
             opened_at=_at(found.get("opened_ms")),
             next_probe_at=_at(found.get("next_probe_ms")),
-            probing="probe" in found,
+            probing="probe" in found and int(found.get("probe_until_ms", 0)) > now_ms,
         )
 
     def open_among(self, lines: Iterable[str]) -> frozenset[str]:

@@ -500,10 +500,6 @@ class AttemptEngine:
                 # Paused while the message ran: what it has not claimed waits (`deferred`).
                 await self._hold_back_rest(waiting, message)
                 return
-            if line.handler is not None:
-                waiting = await self._handler_room(waiting, message)
-                if not waiting:
-                    return
             run.waiting_for = "a delivery slot of this process"
             left_s = message.start_by - loop.time()
             if left_s <= 0:
@@ -513,6 +509,12 @@ class AttemptEngine:
             if run.slots == 0:
                 await self._postpone(waiting, message, _no_slot(left_s))
                 return
+            if line.handler is not None:
+                # Once the slot is held: the call before may have overrun meanwhile.
+                waiting = await self._handler_room(waiting, message)
+                if not waiting:
+                    self._give_back(run, line)
+                    return
             room = await self._room(waiting[: run.slots], message, run)
             slots.give(run.slots - len(room.ids))
             run.slots, run.room = len(room.ids), room
@@ -576,11 +578,11 @@ class AttemptEngine:
                 "there until one returns; records wait, no attempt spent",
                 threads=line.settings.handler_threads,
             )
-            await self._postpone(ids, message, _STUCK.format(line=line.name))
+            await self._postpone(ids, message, _STUCK.format(line=line.name), after_s=_HELD_S)
             return []
         busy = [record_id for record_id in ids if threads.running(record_id)]
         if busy:
-            await self._postpone(busy, message, _STILL_RUNNING)
+            await self._postpone(busy, message, _STILL_RUNNING, after_s=_HELD_S)
         return [record_id for record_id in ids if record_id not in busy]
 
     def _say_stuck(self, key: str, *, stuck: bool) -> None:
@@ -969,6 +971,9 @@ class AttemptEngine:
 # Why records of a handler line did not start.
 _STUCK = "every handler thread of {line} in this worker process is held by a call that overran"
 _STILL_RUNNING = "the handler's last call of the record has not returned"
+# How long a record held back by a handler call that overran waits before it is tried
+# again: a hung call does not return in a second, and each try is a journal write.
+_HELD_S = 5.0
 # Why the rest of a message did not start: past its start window (`_start_by`), a start
 # could outlive its lease and its message kombu's visibility timeout.
 _WINDOW_PASSED = "its message's start window passed (a quarter of the lease)"

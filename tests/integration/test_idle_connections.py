@@ -5,16 +5,22 @@ within the test's bound."""
 
 from __future__ import annotations
 
+import asyncio
+import os
+import signal
 import threading
+import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 from kombu import Connection
 
-from app.config.redis import DEFAULT_OPTIONS, make_redis
+from app.config.redis import DEFAULT_OPTIONS, make_async_redis, make_redis
 from app.local.embedded_redis import RedisServer
-from tests.support.processes import wait_for
+from tests.support.processes import free_port, wait_for
 from tests.support.proxy import IdleProxy
 from workers import kombu_patches  # noqa: F401 - the worker's changes to kombu's transport
 
@@ -75,3 +81,71 @@ def test_a_worker_channel_replaces_a_silently_dropped_connection(proxy: IdleProx
         _idle_until_dropped(proxy, 0)
         with channel.conn_or_acquire() as client:
             assert _answer_within(lambda: client.llen("idle:queue"), timeout_s=10) == 1
+
+
+def test_the_delivery_loops_client_replaces_a_silently_dropped_connection(
+    proxy: IdleProxy,
+) -> None:
+    """The attempt engine's asyncio client (the circuit, the limits) gives each round trip
+    2 s: a ping on a dead connection would wait out the socket timeout instead."""
+
+    async def after_idle() -> Any:
+        client = make_async_redis(proxy.url, OPTIONS)
+        try:
+            assert await client.set("idle:async", "before")
+            await asyncio.to_thread(_idle_until_dropped, proxy, 0)
+            async with asyncio.timeout(10):
+                return await client.get("idle:async")
+        finally:
+            await client.aclose()
+
+    assert asyncio.run(after_idle()) == b"before"
+
+
+def test_a_client_of_a_redis_that_stopped_answering_fails_instead_of_hanging(
+    tmp_path: Path,
+) -> None:
+    """A Redis that accepts and never answers (stopped): a command on a connection idle
+    past the interval replaces it, and the new connection's handshake waits the socket
+    timeout, past the interval again. That replaced the connection again, without end: a
+    command never returned while the server stayed stopped. Now it fails, sync or async."""
+    server = RedisServer(port=free_port(), workdir=tmp_path)
+    server.start()
+    # The product's retry on a timeout, a short socket timeout and a shorter interval.
+    options = {
+        **OPTIONS,
+        "health_check_interval": 0.2,
+        "socket_timeout": 1.0,
+        "retry_on_timeout": True,
+    }
+    client = make_redis(server.url, options)
+    async_client = make_async_redis(server.url, options)
+    loop = asyncio.new_event_loop()
+    try:
+        assert client.set("stall:key", "before")
+        assert loop.run_until_complete(async_client.get("stall:key")) == b"before"
+        time.sleep(0.5)  # idle past the interval
+        assert server.pid is not None
+        os.kill(server.pid, signal.SIGSTOP)
+
+        def fails(command: Callable[[], Any]) -> Exception | None:
+            try:
+                command()
+            except redis.RedisError as exc:
+                return exc
+            return None
+
+        failed = _answer_within(lambda: fails(lambda: client.get("stall:key")), timeout_s=20)
+        assert isinstance(failed, redis.RedisError)
+        on_loop = _answer_within(
+            lambda: fails(lambda: loop.run_until_complete(async_client.get("stall:key"))),
+            timeout_s=20,
+        )
+        assert isinstance(on_loop, redis.RedisError)
+    finally:
+        if server.pid is not None:
+            os.kill(server.pid, signal.SIGCONT)
+        client.close()
+        loop.run_until_complete(async_client.aclose())
+        loop.close()
+        server.stop()

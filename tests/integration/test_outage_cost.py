@@ -52,12 +52,27 @@ def test_an_open_circuit_keeps_its_waiting_records_in_the_journal_but_one(
     assert first == 1
     assert sum(1 for r in harness.records() if r.status is RecordStatus.ENQUEUED) == 1
     # It is the next probe: while it is out, nothing more goes.
-    verdict = circuits.admit("shipment", line.settings, owner="probe", probe_lifetime_s=30)
+    verdict = circuits.admit("shipment", line.settings, owner="lost", probe_lifetime_s=1)
     assert verdict.admission.value == "probe"
+    assert rt.sweeper.sweep(now=utcnow()).enqueued.get("shipment", 0) == 0
+    # A probe whose worker died (its outcome never counted) lapses after its lifetime:
+    # the next candidate goes, and the line is never stranded behind it.
+    wait_for(lambda: not circuits.state("shipment").probing, timeout_s=10, what="the lapse")
+    assert rt.sweeper.sweep(now=utcnow()).enqueued.get("shipment", 0) == 1
+    wait_for(
+        lambda: (
+            circuits.admit(
+                "shipment", line.settings, owner="probe", probe_lifetime_s=30
+            ).admission.value
+            == "probe"
+        ),
+        timeout_s=10,
+        what="the next probe",
+    )
     assert rt.sweeper.sweep(now=utcnow()).enqueued.get("shipment", 0) == 0
 
     # The probe is delivered: the circuit closes, and the rest go.
     up = [Outcome(health=Health.UP, owner="probe")]
     assert circuits.count_all("shipment", line.settings, up).state.value == "closed"
-    assert rt.sweeper.sweep(now=utcnow()).enqueued.get("shipment", 0) == RECORDS - 1
+    assert rt.sweeper.sweep(now=utcnow()).enqueued.get("shipment", 0) == RECORDS - 2
     assert {r.status for r in harness.records()} == {RecordStatus.ENQUEUED}
