@@ -39,6 +39,7 @@ from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 import aiohttp
+import redis
 import redis.asyncio as aioredis
 from opentelemetry.trace import Span, SpanKind, StatusCode, Tracer
 from sqlalchemy import Connection
@@ -93,6 +94,8 @@ COMMIT_WAIT_S = 60.0
 # millisecond. One that has not answered by then finds Redis stalled, and the engine goes
 # on without it, as when Redis is down: an outcome is never held behind a stalled Redis.
 REDIS_STEP_S = 2.0
+# How often, at most, a message waiting for room under its line's limits asks again.
+LIMITS_POLL_S = 0.05
 _RNG = random.Random()  # noqa: S311 - backoff jitter, not cryptography
 
 
@@ -291,7 +294,8 @@ class AttemptEngine:
             loop.call_soon_threadsafe(loop.stop)
             thread.join(timeout=timeout_s)
             # They belong to the loop that stopped.
-            self._slots, self._handlers = {}, {}
+            self._slots, self._handlers, self._tail = {}, {}, set()
+            self._session, self._redis, self._circuits, self._limits = None, None, None, None
         self._commits.close()
 
     async def _close_clients(self) -> None:
@@ -321,7 +325,8 @@ class AttemptEngine:
         did not run (unknown, final, in flight elsewhere, held back by a pause, waiting for
         its circuit or for room) has a result that says nothing. Raises `JournalUnavailable`
         when a claim cannot be made or an outcome not recorded (the leases then lapse and
-        the sweeper pushes the records again)."""
+        the sweeper pushes the records again); `AttemptsOverran` when they outlast their
+        bound (they go on, and settle their records themselves)."""
         ids = list(dict.fromkeys(record_ids))
         message = _Message(
             line=line, owner=attempts.new_owner(), parents=parents or {}, clock=clock, rng=rng
@@ -452,7 +457,9 @@ class AttemptEngine:
                     wait_s=message.rng.uniform(1, 1 + POSTPONE_SPREAD),
                     why=why,
                 )
-            await asyncio.sleep(grant.wait_s)
+            # At least `LIMITS_POLL_S`: a full concurrency limit answers "5 ms", and each
+            # waiting message asking that often would keep the loop and Redis busy.
+            await asyncio.sleep(max(grant.wait_s, LIMITS_POLL_S))
 
     # Step 2: deliver.
 
@@ -619,7 +626,7 @@ class AttemptEngine:
         async def bounded() -> None:
             try:
                 await _within(step)
-            except BrokerUnavailable as exc:
+            except (BrokerUnavailable, redis.RedisError) as exc:
                 log.warning("redis_step_skipped", error=str(exc))
 
         self._keep(asyncio.ensure_future(bounded()))
@@ -632,10 +639,10 @@ class AttemptEngine:
     async def _release_room(self, line: Line, room: _Room) -> None:
         """Give back `room`'s probe and limits' slots (else they lapse at their lifetime)."""
         circuits, limits, _ = self._redis_parts()
-        if room.probe:
-            await circuits.drop_probe(line.name, room.probe)
         if room.slots:
             await limits.release(line.name, room.slots)
+        if room.probe:
+            await circuits.drop_probe(line.name, room.probe)
 
     async def _fly(
         self,

@@ -356,8 +356,8 @@ class HandlerThreads:
     async def call(
         self, handler: Callable[[Record], object], record: Record, *, timeout_s: float
     ) -> None:
-        """Run `handler(record)` on a thread of its own (the caller has made sure one is
-        free), within `timeout_s`. Raises what the handler raised, or `TimeoutError` when it
+        """Run `handler(record)` on a thread of its own (the engine starts a call only
+        while `free`), within `timeout_s`. Raises what the handler raised, or `TimeoutError` when it
         has not returned by then: the attempt fails, to be retried once this call has
         returned (a handler is idempotent, as every sink is)."""
         loop = asyncio.get_running_loop()
@@ -369,8 +369,10 @@ class HandlerThreads:
             error: BaseException | None = None
             try:
                 handler(record)
-            except BaseException as exc:  # noqa: BLE001 - the attempt's, handed to the loop
+            except Exception as exc:  # noqa: BLE001 - the attempt's, handed to the loop
                 error = exc
+            except BaseException as exc:  # noqa: BLE001 - SystemExit would stop the loop
+                error = RuntimeError(f"the handler raised {type(exc).__name__}: {exc}")
             with contextlib.suppress(RuntimeError):  # the loop has closed: nobody waits
                 loop.call_soon_threadsafe(_settle, returned, error)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Annotated, Any
 
@@ -38,7 +38,7 @@ from app.intake.signing import MAX_NONCE_LENGTH, Caller, verify
 from app.intake.views import alert_view, line_status_view, record_view
 from app.journal import attempt_log, audit, store
 from app.journal.commits import CommitQueue
-from app.journal.models import RecordStatus, Source
+from app.journal.models import Record, RecordStatus, Source
 from app.journal.store import NewRecord
 from app.observe.metrics import CONTENT_TYPE, render
 from app.recovery.replay import DEFAULT_STATUSES, ReplayFilter
@@ -222,7 +222,7 @@ def get_record(
             raise RecordNotFound(f"no record {record_id!r}")
         history = attempt_log.history(conn, record_id)
         rows = audit.newest(conn, limit=RECORD_AUDIT_ROWS, target=f"record:{record_id}")
-    down = rt.circuits.open_among(rt.lines.http_sink_names())
+    down = open_circuits(rt, [record])
     view = record_view(record, history, include_payload=include_payload, open_circuits=down)
     view["audit"] = [row.public() for row in rows]
     return view
@@ -379,3 +379,11 @@ class _RecordRoute(Route):
 def record_route(lines: Iterable[str]) -> Route:
     """`post_record` as the intake serves it, placed before every other route of the app."""
     return _RecordRoute(frozenset(lines))
+
+
+def open_circuits(rt: Runtime, shown: Sequence[Record]) -> frozenset[str]:
+    """The lines with an open circuit, asked of Redis only when a failed record is shown
+    (it then waits for its downstream)."""
+    if not any(record.status is RecordStatus.FAILED for record in shown):
+        return frozenset()
+    return rt.circuits.open_among(rt.lines.http_sink_names())

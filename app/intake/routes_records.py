@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 from app.clock import utcnow
 from app.intake.admin import AdminActor
 from app.intake.admin import require_admin as _require_admin
-from app.intake.routes import ADMIN, RuntimeDep, Text, UtcTime, errors_doc
+from app.intake.routes import ADMIN, RuntimeDep, Text, UtcTime, errors_doc, open_circuits
 from app.intake.views import record_view
 from app.journal import attempt_log, store
 from app.journal.audit import MAX_REASON_LENGTH
@@ -101,7 +101,7 @@ def list_records(  # noqa: PLR0913 - the filters of the query string, one argume
         )
         last = attempt_log.last_attempts(conn, [record.id for record in page.items])
     items = []
-    down = rt.circuits.open_among(rt.lines.http_sink_names())
+    down = open_circuits(rt, page.items)
     for record in page.items:
         attempt = last.get(record.id)
         view = record_view(record, include_payload=include_payload, open_circuits=down)
