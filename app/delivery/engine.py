@@ -154,6 +154,7 @@ class _Slots:
     def __init__(self, free: int) -> None:
         self.free = free
         self._waiters: deque[tuple[int, asyncio.Future[int]]] = deque()
+        self._handing = False  # a hand-out is due on the loop
 
     async def take(self, most: int, *, timeout_s: float) -> int:
         """Between 1 and `most` slots, waiting up to `timeout_s` for the first, behind the
@@ -181,10 +182,18 @@ class _Slots:
                 self._waiters.remove(waiter)
 
     def give(self, count: int = 1) -> None:
-        """Give back `count` slots, to the first messages waiting."""
+        """Give back `count` slots, to the first messages waiting: handed out once the
+        deliveries ending at this turn of the loop have all given theirs back, so that a
+        waiting message gets what came free together, not one slot each."""
         if count <= 0:
             return
         self.free += count
+        if self._waiters and not self._handing:
+            self._handing = True
+            asyncio.get_running_loop().call_soon(self._hand_out)
+
+    def _hand_out(self) -> None:
+        self._handing = False
         while self.free > 0 and self._waiters:
             most, future = self._waiters.popleft()
             if future.done():
