@@ -284,7 +284,10 @@ def make_redis(url: str, options: dict[str, Any] | None = None) -> redis.Redis:
     """A client for `url`. Connects lazily: building it needs no live Redis."""
     options = DEFAULT_OPTIONS if options is None else options
     if is_sentinel(url):
-        return _sentinel_primary(url, options)
+        client: redis.Redis = _sentinel_primary(
+            url, options, sentinel=Sentinel, redis_class=redis.Redis
+        )
+        return client
     base = parse_url(url).get("connection_class", redis.Connection)  # type: ignore[no-untyped-call]
     return redis.Redis.from_url(
         url,
@@ -299,39 +302,33 @@ def make_async_redis(url: str, options: dict[str, Any] | None = None) -> aioredi
     serves one loop."""
     options = DEFAULT_OPTIONS if options is None else options
     if is_sentinel(url):
-        parsed = parse_sentinel_url(url)
-        sentinel = aiosentinel.Sentinel(
-            list(parsed.sentinels), sentinel_kwargs=sentinel_client_options(parsed, options)
-        )
-        client: aioredis.Redis = sentinel.master_for(
-            parsed.master,
-            redis_class=aioredis.Redis,
-            connection_class=AsyncSentinelConnection,
-            db=parsed.db,
-            username=parsed.username,
-            password=parsed.password,
-            **options,
+        client: aioredis.Redis = _sentinel_primary(
+            url, options, sentinel=aiosentinel.Sentinel, redis_class=aioredis.Redis
         )
         return client
     base = aioredis.connection.parse_url(url).get("connection_class", aioredis.Connection)
     return aioredis.Redis.from_url(url, connection_class=replaced_when_idle(base), **options)
 
 
-def _sentinel_primary(url: str, options: dict[str, Any]) -> redis.Redis:
+def _sentinel_primary(url: str, options: dict[str, Any], *, sentinel: Any, redis_class: Any) -> Any:
+    """A client of the primary the sentinels of `url` name, redis-py's sync or asyncio one
+    (`sentinel`, `redis_class`), on our connection class for it."""
     parsed = parse_sentinel_url(url)
-    sentinel = Sentinel(  # type: ignore[no-untyped-call,unused-ignore]  # untyped before redis-py 8.2
+    sentinels = sentinel(
         list(parsed.sentinels), sentinel_kwargs=sentinel_client_options(parsed, options)
     )
-    client: redis.Redis = sentinel.master_for(  # type: ignore[no-untyped-call,unused-ignore]  # likewise
+    connection_class = (
+        AsyncSentinelConnection if sentinel is aiosentinel.Sentinel else SentinelConnection
+    )
+    return sentinels.master_for(
         parsed.master,
-        redis_class=redis.Redis,
-        connection_class=SentinelConnection,
+        redis_class=redis_class,
+        connection_class=connection_class,
         db=parsed.db,
         username=parsed.username,
         password=parsed.password,
         **options,
     )
-    return client
 
 
 def masked_url(url: str) -> str:
