@@ -331,8 +331,8 @@ def stuck_handlers(client: redis.Redis, line: str) -> int:
 class HandlerThreads:
     """A handler line's calls in this process: each on a daemon thread of its own, at most
     `size` at once. A call that overruns its deadline cannot be stopped: it keeps its
-    thread until it returns, and its record is not called again meanwhile. Used on the
-    engine's loop only."""
+    thread until it returns, and this process does not call its record again meanwhile.
+    Used on the engine's loop only."""
 
     def __init__(self, line: str, *, size: int) -> None:
         self._line = line
@@ -357,9 +357,10 @@ class HandlerThreads:
         self, handler: Callable[[Record], object], record: Record, *, timeout_s: float
     ) -> None:
         """Run `handler(record)` on a thread of its own (the engine starts a call only
-        while `free`), within `timeout_s`. Raises what the handler raised, or `TimeoutError` when it
-        has not returned by then: the attempt fails, to be retried once this call has
-        returned (a handler is idempotent, as every sink is)."""
+        while `free`), within `timeout_s`. Raises what the handler raised, or `TimeoutError`
+        when it has not returned by then: the attempt fails, and this process tries the
+        record again only once this call has returned (a handler is idempotent, as every
+        sink is)."""
         loop = asyncio.get_running_loop()
         returned: asyncio.Future[None] = loop.create_future()
         self._running.add(record.id)
