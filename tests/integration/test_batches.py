@@ -76,6 +76,12 @@ def test_a_batching_line_under_32_producers_holds_its_bound_and_finishes_everyth
     harness.configure(
         lines__order__max_queue_length=str(BOUND // 10),
         lines__order__batch_size="8",
+        # Every answer from its push, however loaded the machine (as test_overload.py's
+        # flood): a request whose push outlived the wait, or waited for the push thread
+        # longer than half the sweeper's grace, would be answered `received` (a loaded CI
+        # run saw it here).
+        intake_push_wait_seconds="30",
+        received_grace_seconds="120",
     )
     client = harness.start_intake()
     rt = harness.runtime()
