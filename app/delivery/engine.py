@@ -1,27 +1,31 @@
 """The attempt engine: every record of every sink goes through it, the same three steps.
 
 1. **Claim** (`_claim_in`): the record's lease and attempt number, for records there is
-   room for now: a free delivery slot in this process, the line's circuit and its global
-   limits (`app.delivery.circuit`, `app.delivery.limits`, one Redis round trip each for a
-   chunk of records). A paused line claims nothing more, also within a message already
-   running.
+   room for now: a free delivery slot in this process (and, for a handler, a free handler
+   thread), the line's circuit and its global limits (`app.delivery.circuit`,
+   `app.delivery.limits`, one Redis round trip each for a chunk of records, on the loop,
+   each given `REDIS_STEP_S`). A paused line claims nothing more, also within a message
+   already running, and nothing of a message starts past its start window (`_start_by`),
+   so that the message ends within its lease.
 2. **Deliver** (`_deliver`): to the sink (`app.delivery.sinks`): a POST on the process's
-   async HTTP client, or the line's handler on a thread, each within the line's one
-   deadline. The table sink is written in the claim's own transaction.
+   async HTTP client, or the line's handler on a thread of the line's own
+   (`sinks.HandlerThreads`), each within the line's one deadline. The table sink is
+   written in the claim's own transaction.
 3. **Record the outcome** (`_land`, `_write_outcomes`): the outcomes that ended together
    are counted in the circuit in one round trip and written in one transaction by the one
    outcome writer (`app.delivery.outcomes.record_outcome`).
 
-HTTP deliveries and handlers run on one event loop thread per process, so waiting on a
-downstream costs no thread; a worker's task threads hand their message to it (`run`) and
+HTTP deliveries and the engine's own steps run on one event loop thread per process, so
+waiting on a downstream costs no thread; a worker's task threads hand their message to it (`run`) and
 wait for its results, and the claims and outcomes of every message in flight share
 transactions through the process's commit queue (`app.journal.commits`). The table sink
 never waits: a message's records are claimed, written, marked done (or failed) in one
 transaction, in the caller's thread.
 
-A record the circuit, the limits or a pause keep from starting is not claimed: it waits in
-the journal (`failed` and due again soon, or `deferred` while paused) without spending an
-attempt. So does a failure while the circuit is open: an outage alone never makes a record
+A record the circuit, the limits, a pause, its message's start window or its line's held
+handler threads keep from starting is not claimed: it waits in the journal (`failed` and
+due again soon, or `deferred` while paused) without spending an attempt. Whatever ends a
+message's run, what it held goes back and the deliveries it started are recorded. So does a failure while the circuit is open: an outage alone never makes a record
 `dead`."""
 
 from __future__ import annotations
