@@ -16,17 +16,17 @@
    outcome writer (`app.delivery.outcomes.record_outcome`).
 
 HTTP deliveries and the engine's own steps run on one event loop thread per process, so
-waiting on a downstream costs no thread; a worker's task threads hand their message to it (`run`) and
-wait for its results, and the claims and outcomes of every message in flight share
-transactions through the process's commit queue (`app.journal.commits`). The table sink
-never waits: a message's records are claimed, written, marked done (or failed) in one
+waiting on a downstream costs no thread; a worker's task threads hand their message to it
+(`run`) and wait for its results, and the claims and outcomes of every message in flight
+share transactions through the process's commit queue (`app.journal.commits`). The table
+sink never waits: a message's records are claimed, written, marked done (or failed) in one
 transaction, in the caller's thread.
 
 A record the circuit, the limits, a pause, its message's start window or its line's held
 handler threads keep from starting is not claimed: it waits in the journal (`failed` and
-due again soon, or `deferred` while paused) without spending an attempt. Whatever ends a
-message's run, what it held goes back and the deliveries it started are recorded. So does a failure while the circuit is open: an outage alone never makes a record
-`dead`."""
+due again soon, or `deferred` while paused) without spending an attempt. So does a failure
+while the circuit is open: an outage alone never makes a record `dead`. Whatever ends a
+message's run, what it held goes back and the deliveries it started are recorded."""
 
 from __future__ import annotations
 
