@@ -319,11 +319,6 @@ class AttemptEngine:
         if client is not None:
             await client.aclose()
 
-    def stuck_lines(self) -> list[str]:
-        """The handler lines whose every handler thread in this process is held by a call
-        that overran (nothing of theirs can start here until one returns)."""
-        return sorted(name for name, threads in dict(self._handlers).items() if threads.free <= 0)
-
     def run(
         self,
         record_ids: list[str],

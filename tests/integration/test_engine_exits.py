@@ -283,27 +283,19 @@ def test_every_exit_gives_back_the_slots_and_leaves_no_lease_without_an_owner(
             payloads = [{"business_no": f"{line}-{n}"} for n in range(count)]
             return journal_records(rt, payloads, line=line, status=RecordStatus.ENQUEUED)
 
-        # 1. The start window passes while the records wait for the one slot.
-        ids = batch("slotted", 4)
-        rt.attempts.run(ids, line=rt.lines.get("slotted"))
-        done, waiting = _split(
-            _assert_left_nothing_held(harness, rt, private_redis, "slotted", ids)
-        )
-        assert [record.id for record in done] == ids[:1]
-        assert {(record.last_error or "").partition(" within")[0] for record in waiting} == {
-            f"{NOT_ATTEMPTED}no delivery slot of this worker process came free"
-        }
-
-        # 2. The limits refuse room: one token, the next past the window.
-        ids = batch("limited", 4)
-        rt.attempts.run(ids, line=rt.lines.get("limited"))
-        done, waiting = _split(
-            _assert_left_nothing_held(harness, rt, private_redis, "limited", ids)
-        )
-        assert [record.id for record in done] == ids[:1]
-        assert {(record.last_error or "").partition(" within")[0] for record in waiting} == {
-            f"{NOT_ATTEMPTED}no room under limited's delivery limits"
-        }
+        # 1. The start window passes while the records wait for the one slot; 2. the
+        # limits refuse room: one token, the next past the window.
+        for name, why in (
+            ("slotted", "no delivery slot of this worker process came free"),
+            ("limited", "no room under limited's delivery limits"),
+        ):
+            ids = batch(name, 4)
+            rt.attempts.run(ids, line=rt.lines.get(name))
+            done, waiting = _split(_assert_left_nothing_held(harness, rt, private_redis, name, ids))
+            assert [record.id for record in done] == ids[:1]
+            assert {(r.last_error or "").partition(" within")[0] for r in waiting} == {
+                f"{NOT_ATTEMPTED}{why}"
+            }
 
         # 3. Redis does not answer: the circuit and the limits are each asked within
         # REDIS_STEP_S, and the records go without them (one chunk: the line has a slot for
